@@ -1,0 +1,19 @@
+"""specdec: speculative decoding and speculative cascades in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="specdec",
+    version="0.1.0",
+    description="Speculative decoding, speculative cascades, SpecTr, CS Drafting and SpecDec++ in JAX",
+    packages=find_packages(include=["specdec", "specdec.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.30",
+        "numpy>=1.26",
+        "scipy>=1.11",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+    },
+)

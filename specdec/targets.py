@@ -1,0 +1,185 @@
+"""Target distributions π = T(q, p) of the speculative-cascades paper (Tables 1 and 3, eqs. 6, 11–16).
+
+Deferral decisions use the untransformed distributions q_raw, p_raw; the interpolation uses the
+transformed (temperature / top-k / top-p) q, p that are sampled and verified (App. C.1). OPT and OPTLog
+measure the rejection cost with D_TV of the transformed pair (App. C.1). BiLD's discrepancy is
+D(q, p) = −Σ_v q(v)·log p_raw(v) with the transformed q (App. F.1; F.5 drops the minus sign).
+
+Every function is jit-able with α and β traced; the rule name is static.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import checks
+from specdec.sampling import entropy
+
+Array = jax.Array
+
+# Rules whose π is (1 − δ)·q + δ·p with a deferral decision δ ∈ {0, 1} (eq. 6).
+CASCADE_RULES = ("chow", "chow_log", "diff", "diff_log", "opt", "opt_log", "bild")
+# Token-specific rules: π(v) = q(v)·(1 − r(v)) + p(v)·Σ_v' r(v')·q(v') (eq. 11, Alg. 6).
+TOKEN_RULES = ("token_v1", "token_v2", "token_v3")
+RULES = ("spec", "lossy", "lossy_tuned") + CASCADE_RULES + TOKEN_RULES
+
+# Allowed α per rule: probability-scale thresholds live in [0, 1); entropy / log-probability
+# thresholds (ChowLog, DiffLog, OPTLog, BiLD's cross-entropy) are in nats, [0, ∞).
+_NATS_RULES = ("chow_log", "diff_log", "opt_log", "bild")
+
+
+def check_rule(rule: str) -> None:
+  if rule not in RULES:
+    raise ValueError(f"unknown rule {rule!r}; choose one of {', '.join(RULES)}")
+
+
+def check_alpha(rule: str, alpha) -> None:
+  """α in [0, 1) for probability-scale rules, [0, ∞) for the nats-scale ones (raises ValueError)."""
+  check_rule(rule)
+  if rule in _NATS_RULES:
+    checks.check_range(f"alpha (rule {rule!r}, a threshold in nats)", alpha, 0.0, math.inf,
+                       hi_closed=False)
+  else:
+    checks.check_range(f"alpha (rule {rule!r})", alpha, 0.0, 1.0, hi_closed=False)
+
+
+def check_beta(alpha, beta) -> None:
+  """β ≥ 1 − α (Tran-Thien's condition), checked when both are concrete."""
+  if checks.is_concrete(alpha) and checks.is_concrete(beta):
+    a, b = np.asarray(alpha, np.float64), np.asarray(beta, np.float64)
+    if np.any(np.isnan(b)) or np.any(b < 1.0 - a):
+      raise ValueError(f"beta must satisfy beta >= 1 - alpha; got beta={b.tolist()}, alpha={a.tolist()}")
+
+
+def _per_token(x) -> Array:
+  """A scalar or [...] parameter, broadcast against [..., V]."""
+  return jnp.asarray(x, jnp.float32)[..., None]
+
+
+def tv_distance(p: Array, q: Array) -> Array:
+  """D_TV(p, q) = Σ_v max(0, p(v) − q(v)) over the last axis (Lemma 3)."""
+  return jnp.sum(jnp.maximum(p - q, 0.0), axis=-1)
+
+
+def bild_discrepancy(q: Array, p_raw: Array) -> Array:
+  """D(q, p) = −Σ_v q(v)·log p_raw(v): cross-entropy, and −log p_raw(argmax q) when q is one-hot."""
+  log_p = jnp.log(jnp.maximum(p_raw, jnp.finfo(jnp.float32).tiny))
+  return -jnp.sum(jnp.where(q > 0, q * log_p, 0.0), axis=-1)
+
+
+def deferral(rule: str, *, q_raw: Array, p_raw: Array | None = None, q: Array | None = None,
+             p: Array | None = None, alpha) -> Array:
+  """δ(q, p) ∈ {0, 1} of a cascade rule (Table 3, eqs. 2, 5, 10, 26–28), [..., V] -> [...] bool.
+
+  chow      max q_raw < 1 − α                            (needs q_raw only: sequential cascades)
+  chow_log  entropy(q_raw) > α                           (needs q_raw only)
+  diff      max q_raw < max p_raw − α
+  diff_log  entropy(p_raw) < entropy(q_raw) − α
+  opt       max q_raw < max p_raw − α·D_TV(p, q)         (q, p transformed)
+  opt_log   entropy(p_raw) < entropy(q_raw) − α·D_TV(p, q)
+  bild      −Σ q·log p_raw > α                           (q transformed)
+  """
+  if rule not in CASCADE_RULES:
+    raise ValueError(f"deferral() is defined for the cascade rules {CASCADE_RULES}; got {rule!r}")
+  needs = {"diff": ("p_raw",), "diff_log": ("p_raw",), "opt": ("p_raw", "q", "p"),
+           "opt_log": ("p_raw", "q", "p"), "bild": ("p_raw", "q")}.get(rule, ())
+  given = {"p_raw": p_raw, "q": q, "p": p}
+  missing = [name for name in needs if given[name] is None]
+  if missing:
+    raise ValueError(f"rule {rule!r} needs {', '.join(missing)}")
+  alpha = jnp.asarray(alpha, jnp.float32)
+  if rule == "chow":
+    return jnp.max(q_raw, axis=-1) < 1.0 - alpha
+  if rule == "chow_log":
+    return entropy(q_raw) > alpha
+  if rule == "diff":
+    return jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1) - alpha
+  if rule == "diff_log":
+    return entropy(p_raw) < entropy(q_raw) - alpha
+  if rule == "opt":
+    return jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1) - alpha * tv_distance(p, q)
+  if rule == "opt_log":
+    return entropy(p_raw) < entropy(q_raw) - alpha * tv_distance(p, q)
+  return bild_discrepancy(q, p_raw) > alpha
+
+
+def token_deferral(rule: str, *, q_raw: Array, p_raw: Array, alpha) -> Array:
+  """r(v) ∈ {0, 1} of a token-specific rule, eqs. (13)–(15), [..., V] -> [..., V] bool.
+
+  token_v1  q_raw(v) < max p_raw − α
+  token_v2  p_raw(v) < max p_raw − α
+  token_v3  p_raw(v) < max p_raw·(1 − α)
+  """
+  alpha = _per_token(alpha)
+  p_max = jnp.max(p_raw, axis=-1, keepdims=True)
+  if rule == "token_v1":
+    return q_raw < p_max - alpha
+  if rule == "token_v2":
+    return p_raw < p_max - alpha
+  if rule == "token_v3":
+    return p_raw < p_max * (1.0 - alpha)
+  raise ValueError(f"token_deferral() is defined for {TOKEN_RULES}; got {rule!r}")
+
+
+def lossy_target(q: Array, p: Array, alpha, beta) -> Array:
+  """π_Lossy(v) = max(min(q(v), p(v)/(1 − α)), p(v)/β) (Table 1, Lemma 2; Table 3 swaps q and p)."""
+  return jnp.maximum(jnp.minimum(q, p / (1.0 - _per_token(alpha))), p / _per_token(beta))
+
+
+def lossy_beta(q: Array, p: Array, alpha, *, iterations: int = 64) -> Array:
+  """β* ≥ 1 solving Σ max(0, q − p/(1−α)) = Σ max(0, p/β − q) (App. F.6), by bisection. [..., V] -> [...].
+
+  The right side decreases in β and at β = 1 it is D_TV(p, q) ≥ the left side, so β* ≥ 1; since
+  Σ max(0, p/β − q) ≤ 1/β, β = 1/lhs is an upper bracket. Bisection runs on log β. With this β*,
+  Σ π_Lossy = 1 exactly. When the left side is 0 every β ≥ max p/q solves it; all give π = q, and the
+  bisection returns (an approximation of) the smallest.
+  """
+  lhs = jnp.sum(jnp.maximum(q - p / (1.0 - _per_token(alpha)), 0.0), axis=-1)
+
+  def excess(log_beta):
+    return jnp.sum(jnp.maximum(p / jnp.exp(log_beta)[..., None] - q, 0.0), axis=-1) - lhs
+
+  lo = jnp.zeros_like(lhs)
+  hi = jnp.log(1.0 / jnp.maximum(lhs, 1e-12))
+
+  def step(_, bracket):
+    lo, hi = bracket
+    mid = 0.5 * (lo + hi)
+    too_small = excess(mid) > 0.0  # β too small: residual mass exceeds the rejected mass
+    return jnp.where(too_small, mid, lo), jnp.where(too_small, hi, mid)
+
+  lo, hi = jax.lax.fori_loop(0, iterations, step, (lo, hi))
+  return jnp.exp(hi)
+
+
+def target_distribution(rule: str, *, q: Array, p: Array, q_raw: Array, p_raw: Array, alpha=0.0,
+                        beta=1.0) -> Array:
+  """π = T(q, p) for `rule`, [..., V] each -> [..., V].
+
+  spec          p                                                (Alg. 1)
+  lossy         max(min(q, p/(1−α)), p/β), β given (1 = the paper's default; Σπ ≥ 1 in general)
+  lossy_tuned   the same with β = β*(q, p, α) of App. F.6 (Σπ = 1)
+  cascade rules (1 − δ)·q + δ·p with δ from `deferral`          (eq. 6, App. C.1 eq. 23)
+  token_v1..v3  q·(1 − r) + p·Σ r·q with r from `token_deferral` (eqs. 11, 16, App. C.1)
+
+  q, p are the transformed S(·) distributions; q_raw, p_raw the untransformed ones. α and β are
+  scalars or arrays of shape [...] (e.g. per row); α is checked against the rule's range when concrete.
+  """
+  check_alpha(rule, alpha)
+  if rule == "spec":
+    return p
+  if rule == "lossy":
+    check_beta(alpha, beta)
+    return lossy_target(q, p, alpha, beta)
+  if rule == "lossy_tuned":
+    return lossy_target(q, p, alpha, lossy_beta(q, p, alpha))
+  if rule in CASCADE_RULES:
+    delta = deferral(rule, q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=alpha)[..., None]
+    return jnp.where(delta, p, q)
+  r = token_deferral(rule, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
+  eta = jnp.sum(jnp.where(r, q, 0.0), axis=-1, keepdims=True)
+  return jnp.where(r, 0.0, q) + p * eta
