@@ -9,6 +9,7 @@ setup(
     packages=find_packages(include=["specdec", "specdec.*"]),
     python_requires=">=3.10",
     install_requires=[
+        "flax>=0.10",
         "jax>=0.4.30",
         "numpy>=1.26",
         "scipy>=1.11",
