@@ -28,6 +28,7 @@ class _State:
   last: Array              # [B] last emitted token, in neither cache yet
   pending: Array           # [B, MAX_DRAFTER_RUN] tokens in the drafter's cache, not yet the verifier's
   n_pending: Array         # [B]
+  run: Array               # [B] drafter tokens since the row last deferred (TokenCascade's cap)
   emitted: common.Emitted
   stats: common.Stats
 
@@ -63,7 +64,7 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
 
   start = _State(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
                  pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
-                 n_pending=jnp.zeros((batch,), jnp.int32),
+                 n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32),
                  emitted=common.Emitted.empty(batch, max_new_tokens, slack=1),
                  stats=common.Stats.zeros(batch))
   end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)
@@ -78,8 +79,9 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
   S(p) (App. F.1). `rule` must decide from q alone (chow, chow_log).
 
   Law: x_t ~ S(q_t) where the drafter keeps the token, S(p_t) where it defers or its run is full.
-  With a batch, rows that did not defer ride along in a verifier call (catching up harmlessly); their
-  counters do not count it. Latency is measured at batch size 1.
+  With a batch, rows that did not defer ride along in a verifier call (catching up their prefix, which
+  changes nothing in their output or their cap); their counters do not count it. Latency is measured
+  at batch size 1.
   """
   if rule not in ("chow", "chow_log"):
     raise ValueError(f"token_cascade defers before the verifier runs, so its rule must use q only "
@@ -94,7 +96,7 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
     live = ~state.emitted.done
     q_logits, drafter_cache = drafter.score(state.drafter_cache, state.last[:, None])
     q_raw, q = common.distributions(q_logits[:, 0], temperature, top_p, top_k)
-    defers = targets.deferral(rule, q_raw=q_raw, alpha=alpha) | (state.n_pending == MAX_DRAFTER_RUN)
+    defers = targets.deferral(rule, q_raw=q_raw, alpha=alpha) | (state.run == MAX_DRAFTER_RUN)
     defers &= live
 
     def catch_up(state: _State):
@@ -117,6 +119,7 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
     pending = state.pending.at[rows, jnp.minimum(state.n_pending, MAX_DRAFTER_RUN - 1)].set(
         jnp.where(synced, 0, state.last))
     n_pending = jnp.where(synced, 0, state.n_pending + live)
+    run = jnp.where(defers, 0, state.run + live)
     stats = state.stats.add(live, drafter_calls=1, verifier_calls=defers, deferred=defers & (count > 0),
                             generated=count)
     # A finished row's drafter cache must not run ahead of its pending list: freeze it.
@@ -124,11 +127,11 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
                                                       state.drafter_cache.lengths))
     return state.replace(key=key, drafter_cache=drafter_cache, verifier_cache=caught_up,
                          last=jnp.where(live, token, state.last), pending=pending, n_pending=n_pending,
-                         emitted=emitted, stats=stats)
+                         run=run, emitted=emitted, stats=stats)
 
   start = _State(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
                  pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
-                 n_pending=jnp.zeros((batch,), jnp.int32),
+                 n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32),
                  emitted=common.Emitted.empty(batch, max_new_tokens, slack=1),
                  stats=common.Stats.zeros(batch))
   end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)

@@ -1,0 +1,199 @@
+"""Decode loops: greedy exactness, counters, batch invariance, compile-once, EOS, bad input."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding, models
+from tests.toy_models import PositionalTrigram
+
+V = 8
+N_NEW = 12
+
+
+def _toy_pair():
+  return PositionalTrigram.random(3, V, max_length=96), PositionalTrigram.random(4, V, max_length=96)
+
+
+def _transformer_pair():
+  return (models.build("tiny", vocab_size=V, seed=3, max_length=96),
+          models.build("tiny", vocab_size=V, seed=4, max_length=96))
+
+
+PAIRS = {"toy": _toy_pair, "transformer": _transformer_pair}
+
+
+def _prompts(rng, batch, width, vocab):
+  lengths = rng.integers(1, width + 1, size=batch)
+  prompts = rng.integers(0, vocab, size=(batch, width))
+  prompts[np.arange(width)[None] >= lengths[:, None]] = 0
+  return jnp.asarray(prompts, jnp.int32), jnp.asarray(lengths, jnp.int32)
+
+
+def _greedy(drafter, verifier, prompts, lengths, method="autoregressive", **kw):
+  return decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method=method,
+                           temperature=0.0, max_new_tokens=N_NEW, **kw)
+
+
+def assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=1e-4):
+  """Token-for-token equality. A row may differ only after a near-tie of the verifier's top-2 logits
+  (|gap| < tie_tolerance, where float rounding of two equivalent computations can flip argmax); such
+  rows are reported by the caller, and must be rare."""
+  got, want = np.asarray(got.tokens), np.asarray(want.tokens)
+  ambiguous = 0
+  for b in np.nonzero(np.any(got != want, axis=1))[0]:
+    t = int(np.argmax(got[b] != want[b]))
+    prefix = np.concatenate([np.asarray(prompts[b, :lengths[b]]), want[b, :t]])
+    logits = np.asarray(verifier.logits(jnp.asarray(prefix)[None]))[0, -1]
+    top2 = np.sort(logits)[-2:]
+    assert top2[1] - top2[0] < tie_tolerance, f"row {b} differs at token {t} without a tie"
+    ambiguous += 1
+  return ambiguous
+
+
+@pytest.mark.parametrize("pair", ["toy", "transformer"])
+@pytest.mark.parametrize("gamma", [1, 3, 7])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_speculative_equals_verifier_greedy(pair, gamma, batch):
+  """200 prompts of mixed lengths per case, float32. The toy model's logits are table lookups, so
+  equality is exact. The transformer computes a position's logits through different batched matmuls
+  when it scores γ+1 tokens than when it scores 1, so a near-tie of the top-2 logits (< 1e-4) may
+  round differently: a row may then differ from that token on, which `assert_same_greedy` accepts
+  only at a verified near-tie; we require fewer than 2% such rows."""
+  drafter, verifier = PAIRS[pair]()
+  rng = np.random.default_rng(gamma * 10 + batch)
+  ambiguous = 0
+  for _ in range(0, 200, batch):
+    prompts, lengths = _prompts(rng, batch, 6, V)
+    want = _greedy(None, verifier, prompts, lengths)
+    got = _greedy(drafter, verifier, prompts, lengths, method="speculative", gamma=gamma)
+    ambiguous += assert_same_greedy(got, want, verifier, prompts, lengths)
+    assert np.all(np.asarray(got.stats.drafted) > 0)
+  assert ambiguous <= (0 if pair == "toy" else 4)
+
+
+@pytest.mark.parametrize("pair", ["toy", "transformer"])
+def test_identical_models_accept_every_draft(pair):
+  _, verifier = PAIRS[pair]()
+  rng = np.random.default_rng(0)
+  prompts, lengths = _prompts(rng, 16, 5, V)
+  for gamma in (1, 3, 7):
+    out = _greedy(verifier, verifier, prompts, lengths, method="speculative", gamma=gamma)
+    stats = jax.tree.map(np.asarray, out.stats)
+    np.testing.assert_array_equal(stats.verifier_calls, math.ceil(N_NEW / (gamma + 1)))
+    np.testing.assert_array_equal(stats.accepted, stats.drafted)
+    np.testing.assert_array_equal(stats.rejected, 0)
+    np.testing.assert_array_equal(out.tokens, _greedy(None, verifier, prompts, lengths).tokens)
+
+
+@pytest.mark.parametrize("rule, alpha", [("spec", 0.0), ("token_v3", 0.5), ("lossy", 0.3), ("chow", 0.3)])
+def test_speculative_counters_are_consistent(rule, alpha):
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(1), 32, 6, V)
+  gamma = 3
+  out = decoding.generate(jax.random.PRNGKey(1), drafter, verifier, prompts, lengths, method="speculative",
+                          rule=rule, alpha=alpha, gamma=gamma, max_new_tokens=N_NEW)
+  s = jax.tree.map(np.asarray, out.stats)
+  np.testing.assert_array_equal(s.generated, out.lengths)
+  np.testing.assert_array_equal(out.lengths, N_NEW)
+  np.testing.assert_array_equal(s.drafted, gamma * s.verifier_calls)
+  np.testing.assert_array_equal(s.drafter_calls, (gamma + 1) * s.verifier_calls)
+  # one corrected or bonus token per verifier call; only the last block can be cut by max_new_tokens
+  overshoot = s.accepted + s.verifier_calls - s.generated
+  assert np.all((overshoot >= 0) & (overshoot <= gamma))
+  assert np.all(s.rejected <= s.verifier_calls) and np.all(s.accepted <= s.drafted)
+  # accepted = Σ_k a_k with a_k = γ on the (calls − rejected) full blocks and a_k ≤ γ − 1 on the others
+  full = s.verifier_calls - s.rejected
+  assert np.all(s.accepted >= gamma * full) and np.all(s.accepted <= gamma * full + (gamma - 1) * s.rejected)
+  assert s.accepted.sum() > 0 and s.rejected.sum() > 0
+
+
+@pytest.mark.parametrize("method, rule", [("speculative", "spec"), ("token_cascade", "chow"),
+                                          ("oracle_cascade", "diff"), ("bild", "spec"),
+                                          ("seq_cascade", "spec"), ("autoregressive", "spec")])
+@pytest.mark.parametrize("pair", ["toy", "transformer"])
+def test_batch_invariance_greedy(method, rule, pair):
+  drafter, verifier = PAIRS[pair]()
+  prompts, lengths = _prompts(np.random.default_rng(2), 6, 6, V)
+  kw = dict(method=method, rule=rule, alpha=0.3, gamma=3)
+  batched = _greedy(drafter, verifier, prompts, lengths, **kw)
+  for b in range(6):
+    alone = _greedy(drafter, verifier, prompts[b:b + 1], lengths[b:b + 1], **kw)
+    np.testing.assert_array_equal(batched.tokens[b], alone.tokens[0])
+    for name in decoding.common.STAT_NAMES:
+      assert getattr(batched.stats, name)[b] == getattr(alone.stats, name)[0], (method, name)
+
+
+def test_sweep_compiles_once_per_method_rule_gamma():
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(3), 4, 5, V)
+  before = decoding._generate._cache_size()
+  for temperature in (0.0, 0.5, 1.0):
+    for alpha in np.linspace(0.0, 0.95, 20):
+      decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method="speculative",
+                        rule="token_v3", alpha=float(alpha), gamma=2, temperature=temperature, top_p=0.9,
+                        max_new_tokens=4)
+  assert decoding._generate._cache_size() - before == 1
+
+
+def test_eos_and_max_new_tokens_per_row():
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(4), 64, 4, V)
+  eos = 2
+  for method in ("speculative", "autoregressive", "token_cascade", "bild"):
+    out = decoding.generate(jax.random.PRNGKey(5), drafter, verifier, prompts, lengths, method=method,
+                            rule="chow" if method == "token_cascade" else "spec", alpha=0.3, gamma=3,
+                            max_new_tokens=N_NEW, eos_id=eos)
+    tokens, n = np.asarray(out.tokens), np.asarray(out.lengths)
+    assert np.any(n < N_NEW) and np.any(n == N_NEW)
+    for b in range(64):
+      row = tokens[b, :n[b]]
+      assert np.all(row[:-1] != eos) and (n[b] == N_NEW or row[-1] == eos)
+      assert np.all(tokens[b, n[b]:] == 0)
+    np.testing.assert_array_equal(out.stats.generated, n)
+
+
+def test_token_cascade_calls_verifier_only_on_deferral():
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(6), 16, 4, V)
+  for alpha, expect in ((0.999, "never"), (0.0, "always")):
+    out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths,
+                            method="token_cascade", rule="chow", alpha=alpha, max_new_tokens=N_NEW)
+    s = jax.tree.map(np.asarray, out.stats)
+    np.testing.assert_array_equal(s.drafter_calls, N_NEW)
+    if expect == "never":  # only the forced call after MAX_DRAFTER_RUN drafter tokens
+      np.testing.assert_array_equal(s.verifier_calls, N_NEW // (decoding.cascades.MAX_DRAFTER_RUN + 1))
+    else:
+      np.testing.assert_array_equal(s.verifier_calls, N_NEW)
+    np.testing.assert_array_equal(s.deferred, s.verifier_calls)
+
+
+def test_bad_input_raises():
+  drafter, verifier = _toy_pair()
+  other = PositionalTrigram.random(5, V + 1)
+  prompts, lengths = _prompts(np.random.default_rng(7), 2, 4, V)
+  call = lambda **kw: decoding.generate(jax.random.PRNGKey(0), kw.pop("drafter", drafter),
+                                        kw.pop("verifier", verifier), kw.pop("prompts", prompts),
+                                        kw.pop("lengths", lengths), **{"method": "speculative",
+                                                                       "max_new_tokens": 4, **kw})
+  with pytest.raises(ValueError, match="vocabularies differ"):
+    call(drafter=other)
+  with pytest.raises(ValueError, match="max_length"):
+    call(max_new_tokens=200)
+  with pytest.raises(ValueError, match="gamma"):
+    call(gamma=0)
+  with pytest.raises(ValueError, match="unknown method"):
+    call(method="medusa")
+  with pytest.raises(ValueError, match="unknown rule"):
+    call(rule="opt2")
+  with pytest.raises(ValueError, match="alpha"):
+    call(rule="lossy", alpha=1.0)
+  with pytest.raises(ValueError, match="top_p"):
+    call(top_p=0.0)
+  with pytest.raises(ValueError, match="prompt_lengths"):
+    call(lengths=jnp.array([0, 2]))
+  with pytest.raises(ValueError, match="chow"):
+    call(method="token_cascade", rule="diff")

@@ -1,0 +1,156 @@
+"""The lm1b-style transformer: its cached path (per-row lengths, rollback, token trees) equals teacher
+forcing, rows are independent, presets have the SpecTr sizes, and it runs inside `lax.while_loop`."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import models
+from specdec.models import base
+
+V = 61
+B = 3
+CACHE = 24
+PROMPT_LENGTHS = np.array([3, 7, 5], np.int32)
+ROWS = np.arange(B)[:, None]
+ATOL = 1e-5
+
+_logits = jax.jit(lambda model, tokens: model.logits(tokens))
+_score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
+_score_tree = jax.jit(lambda model, cache, tokens, positions, tree_mask: model.score(
+    cache, tokens, positions=positions, tree_mask=tree_mask))
+_prefill = jax.jit(base.prefill)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return models.build("tiny", vocab_size=V, seed=0)
+
+
+def _data(seed=0):
+  """Sequences [B, 20], prompts [B, 8] = their first PROMPT_LENGTHS tokens padded with junk, and
+  alternative tokens [B, 4] that differ from the sequences' tokens."""
+  rng = np.random.default_rng(seed)
+  seqs = rng.integers(0, V, size=(B, 20)).astype(np.int32)
+  junk = rng.integers(0, V, size=(B, 8)).astype(np.int32)
+  prompts = np.where(np.arange(8) < PROMPT_LENGTHS[:, None], seqs[:, :8], junk)
+  alt = (seqs[:, :4] + 1 + rng.integers(0, V - 1, size=(B, 4))) % V
+  return seqs, prompts, alt.astype(np.int32)
+
+
+def _prefilled(model, prompts, prompt_lengths=PROMPT_LENGTHS):
+  return _prefill(model, model.init_cache(len(prompts), CACHE), prompts, prompt_lengths)
+
+
+@pytest.mark.parametrize("n,steps", [(1, 8), (4, 3)])
+def test_cached_scoring_of_ragged_rows_equals_teacher_forcing(model, n, steps):
+  seqs, prompts, _ = _data()
+  reference = np.asarray(_logits(model, seqs))
+  pending, cache = _prefilled(model, prompts)
+  np.testing.assert_array_equal(pending, seqs[np.arange(B), PROMPT_LENGTHS - 1])
+  for _ in range(steps):
+    positions = np.asarray(cache.lengths)[:, None] + np.arange(n)
+    logits, cache = _score(model, cache, seqs[ROWS, positions])
+    np.testing.assert_allclose(logits, reference[ROWS, positions], rtol=0, atol=ATOL)
+  np.testing.assert_array_equal(cache.lengths, PROMPT_LENGTHS - 1 + n * steps)
+
+
+def test_rollback_then_rescoring_sees_no_stale_entries(model):
+  seqs, prompts, alt = _data(1)
+  _, cache = _prefilled(model, prompts)
+  start = np.asarray(cache.lengths)
+  _, cache = _score(model, cache, seqs[ROWS, start[:, None] + np.arange(4)])   # γ + 1 = 4 tokens
+  kept = start + np.array([0, 2, 3])                # per-row accepted prefixes
+  cache = base.rollback(cache, kept)
+  # Two corrected tokens, then two more: stale entries remain beyond the first pair.
+  corrected = seqs.copy()
+  for b in range(B):
+    corrected[b, kept[b]:kept[b] + 4] = alt[b]
+  reference = np.asarray(_logits(model, corrected))
+  for i in (0, 2):
+    positions = kept[:, None] + i + np.arange(2)
+    logits, cache = _score(model, cache, corrected[ROWS, positions])
+    np.testing.assert_allclose(logits, reference[ROWS, positions], rtol=0, atol=ATOL)
+
+
+def test_two_branch_tree_in_one_call_equals_each_branch_alone(model):
+  seqs, prompts, alt = _data(2)
+  _, cache = _prefilled(model, prompts)
+  start = np.asarray(cache.lengths)
+  branch_a, branch_b = seqs[ROWS, start[:, None] + np.arange(2)], alt[:, :2]
+  tokens = np.concatenate([branch_a, branch_b], axis=1)
+  positions = start[:, None] + np.array([0, 1, 0, 1])
+  tree_mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], bool)
+  logits, tree_cache = _score_tree(model, cache, tokens, positions, np.broadcast_to(tree_mask, (B, 4, 4)))
+  logits_a, _ = _score(model, cache, branch_a)
+  logits_b, _ = _score(model, cache, branch_b)
+  np.testing.assert_allclose(logits[:, :2], logits_a, rtol=0, atol=ATOL)
+  np.testing.assert_allclose(logits[:, 2:], logits_b, rtol=0, atol=ATOL)
+  np.testing.assert_array_equal(tree_cache.lengths, start + 4)
+
+
+def test_each_row_of_a_batch_scores_as_if_alone(model):
+  seqs, prompts, _ = _data(3)
+  _, cache = _prefilled(model, prompts)
+  tokens = seqs[ROWS, np.asarray(cache.lengths)[:, None] + np.arange(4)]
+  logits, _ = _score(model, cache, tokens)
+  for b in range(B):
+    _, alone = _prefilled(model, prompts[b:b + 1], PROMPT_LENGTHS[b:b + 1])
+    logits_alone, _ = _score(model, alone, tokens[b:b + 1])
+    np.testing.assert_allclose(logits[b:b + 1], logits_alone, rtol=0, atol=1e-6)
+
+
+def test_presets_have_the_spectr_lm1b_sizes():
+  targets = {"2m": 2e6, "6m": 6e6, "20m": 20e6, "97m": 97e6}
+  for preset, target in targets.items():
+    # eval_shape: counts shapes without materialising 97M random numbers.
+    count = models.count_params(jax.eval_shape(lambda p=preset: models.build(p, vocab_size=32_000)))
+    print(f"{preset}: {count:,} parameters at vocab 32000 (target {target:,.0f})")
+    assert abs(count - target) / target < 0.15
+
+
+def test_unknown_preset_names_the_known_ones():
+  with pytest.raises(ValueError, match="unknown model preset 'huge'.*tiny, 2m, 6m, 20m, 97m"):
+    models.build("huge", vocab_size=V)
+
+
+def test_with_params_checks_paths_and_shapes(model):
+  params = jax.tree.map(np.asarray, model.params)
+  loaded = models.with_params(models.build("tiny", vocab_size=V, seed=1), params)
+  tokens = _data()[0]
+  np.testing.assert_array_equal(_logits(loaded, tokens), _logits(model, tokens))
+
+  wrong_shape = jax.tree.map(lambda x: x, params)
+  wrong_shape["embed"]["embedding"] = np.zeros((V + 1, 32), np.float32)
+  with pytest.raises(ValueError, match=r"wrong shape \(1\): embed/embedding: \(62, 32\) instead of \(61, 32\)"):
+    models.with_params(model, wrong_shape)
+  missing = {k: v for k, v in params.items() if k != "final_norm"}
+  with pytest.raises(ValueError, match="missing \\(2\\): final_norm/bias, final_norm/scale"):
+    models.with_params(model, missing)
+
+
+def test_greedy_decoding_inside_a_jitted_while_loop(model):
+  seqs, prompts, _ = _data(4)
+  steps = 6
+
+  @jax.jit
+  def greedy(model, prompts, prompt_lengths):
+    token, cache = base.prefill(model, model.init_cache(B, CACHE), prompts, prompt_lengths)
+
+    def body(state):
+      i, cache, token, out = state
+      logits, cache = model.score(cache, token[:, None])
+      token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+      return i + 1, cache, token, out.at[:, i].set(token)
+
+    init = (0, cache, token, jnp.zeros((B, steps), jnp.int32))
+    return jax.lax.while_loop(lambda state: state[0] < steps, body, init)[3]
+
+  generated = np.asarray(greedy(model, prompts, PROMPT_LENGTHS))
+  full = np.zeros((B, 7 + steps), np.int32)
+  for b in range(B):
+    full[b, :PROMPT_LENGTHS[b]] = prompts[b, :PROMPT_LENGTHS[b]]
+    full[b, PROMPT_LENGTHS[b]:PROMPT_LENGTHS[b] + steps] = generated[b]
+  argmax = np.asarray(jnp.argmax(_logits(model, full), axis=-1))
+  np.testing.assert_array_equal(generated, argmax[ROWS, PROMPT_LENGTHS[:, None] - 1 + np.arange(steps)])
