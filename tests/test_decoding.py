@@ -197,3 +197,44 @@ def test_bad_input_raises():
     call(lengths=jnp.array([0, 2]))
   with pytest.raises(ValueError, match="chow"):
     call(method="token_cascade", rule="diff")
+
+
+@pytest.mark.parametrize("pair", ["toy", "transformer"])
+def test_seq_cascade_defers_whole_responses_at_the_alpha_limits(pair):
+  """Greedy: α = 0 defers every response (Π max q < 1) to the verifier; α → 1 keeps the drafter's."""
+  drafter, verifier = PAIRS[pair]()
+  prompts, lengths = _prompts(np.random.default_rng(8), 8, 5, V)
+  verifier_alone = _greedy(None, verifier, prompts, lengths)
+  drafter_alone = _greedy(None, drafter, prompts, lengths)
+  always = _greedy(drafter, verifier, prompts, lengths, method="seq_cascade", alpha=0.0)
+  # over 3 tokens Π max q ≥ (1/V)^3 = 0.002 > 1 − 0.999: no response can defer
+  never = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths,
+                            method="seq_cascade", alpha=0.999, temperature=0.0, max_new_tokens=3)
+  np.testing.assert_array_equal(always.tokens, verifier_alone.tokens)
+  np.testing.assert_array_equal(always.stats.deferred, N_NEW)
+  np.testing.assert_array_equal(never.tokens, drafter_alone.tokens[:, :3])
+  np.testing.assert_array_equal(never.stats.verifier_calls, 0)
+  assert not np.array_equal(verifier_alone.tokens, drafter_alone.tokens)
+
+
+@pytest.mark.parametrize("pair", ["toy", "transformer"])
+def test_bild_rollback_and_fallback_limits(pair):
+  """Greedy BiLD: α = 0 rolls back every draft (D > 0), so the output is the verifier's greedy; with a
+  fallback that never fires and α above every D, each window of γ drafts is kept and the verifier adds
+  one token per window."""
+  drafter, verifier = PAIRS[pair]()
+  prompts, lengths = _prompts(np.random.default_rng(9), 8, 5, V)
+  strict = _greedy(drafter, verifier, prompts, lengths, method="bild", alpha=0.0, gamma=3)
+  np.testing.assert_array_equal(strict.tokens, _greedy(None, verifier, prompts, lengths).tokens)
+  np.testing.assert_array_equal(strict.stats.accepted, 0)
+  lenient = _greedy(drafter, verifier, prompts, lengths, method="bild", alpha=1e9, gamma=3,
+                    fallback_alpha=1.0)
+  s = jax.tree.map(np.asarray, lenient.stats)
+  np.testing.assert_array_equal(s.verifier_calls, N_NEW // 4)
+  np.testing.assert_array_equal(s.accepted, 3 * (N_NEW // 4))
+  np.testing.assert_array_equal(s.rejected, 0)
+  # ... and a confident-only fallback (α_f = 0) drafts while max q = 1, i.e. never for these models
+  cautious = _greedy(drafter, verifier, prompts, lengths, method="bild", alpha=1e9, gamma=3,
+                     fallback_alpha=0.0)
+  np.testing.assert_array_equal(cautious.stats.drafted, 0)
+  np.testing.assert_array_equal(cautious.tokens, _greedy(None, verifier, prompts, lengths).tokens)

@@ -12,24 +12,31 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, sampling, targets, verify
+from specdec import decoding, models, sampling, targets, verify
 from tests.stats import assert_law
 from tests.toy_models import PositionalTrigram
 
 V, N_NEW, SAMPLES = 4, 3, 100_000
 PROMPTS = jnp.array([[1, 2, 3, 0], [2, 0, 0, 0]], jnp.int32)   # two rows, lengths 3 and 1
 LENGTHS = jnp.array([3, 1], jnp.int32)
-DRAFTER = PositionalTrigram.random(1, V)
-VERIFIER = PositionalTrigram.random(2, V)
+PAIRS = {
+    "toy": (PositionalTrigram.random(1, V), PositionalTrigram.random(2, V)),
+    # scaled-up random weights so the tiny transformer's distributions are far from uniform
+    "transformer": tuple(
+        models.with_params(m, jax.tree.map(lambda w: 4.0 * w, m.params))
+        for m in (models.build("tiny", vocab_size=V, seed=1, max_length=32),
+                  models.build("tiny", vocab_size=V, seed=2, max_length=32))),
+}
 
 
-def _exact_law(prompt, method, rule, alpha, temperature, top_p, gamma):
+def _exact_law(pair, prompt, method, rule, alpha, temperature, top_p, gamma):
   """P(x_1 x_2 x_3) over all V^3 continuations of `prompt`."""
   seqs = np.array(list(itertools.product(range(V), repeat=N_NEW)))
   full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], 1))
   start = len(prompt) - 1
-  lq = DRAFTER.logits(full)[:, start:start + N_NEW]
-  lp = VERIFIER.logits(full)[:, start:start + N_NEW]
+  drafter, verifier = PAIRS[pair]
+  lq = drafter.logits(full)[:, start:start + N_NEW]
+  lp = verifier.logits(full)[:, start:start + N_NEW]
   q, p = sampling.transform(lq, temperature, top_p), sampling.transform(lp, temperature, top_p)
   q_raw, p_raw = jax.nn.softmax(lq), jax.nn.softmax(lp)
   if method == "autoregressive":
@@ -48,10 +55,10 @@ def _exact_law(prompt, method, rule, alpha, temperature, top_p, gamma):
   return probs / probs.sum()
 
 
-def _sample_codes(method, rule, alpha, temperature, top_p, gamma, row):
+def _sample_codes(pair, method, rule, alpha, temperature, top_p, gamma, row):
   prompts = jnp.broadcast_to(PROMPTS[row], (SAMPLES, PROMPTS.shape[1]))
   lengths = jnp.broadcast_to(LENGTHS[row], (SAMPLES,))
-  out = decoding.generate(jax.random.PRNGKey(row + 17 * gamma), DRAFTER, VERIFIER, prompts, lengths,
+  out = decoding.generate(jax.random.PRNGKey(row + 17 * gamma), *PAIRS[pair], prompts, lengths,
                           method=method, rule=rule, alpha=alpha, gamma=gamma, temperature=temperature,
                           top_p=top_p, max_new_tokens=N_NEW)
   tokens = np.asarray(out.tokens)
@@ -75,9 +82,20 @@ CASES = [
 @pytest.mark.parametrize("method, rule, alpha, gamma", CASES)
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.5, 1.0), (1.0, 0.7)])
 def test_sequence_law_matches_enumeration(method, rule, alpha, gamma, temperature, top_p):
+  _check_law("toy", method, rule, alpha, gamma, temperature, top_p)
+
+
+@pytest.mark.parametrize("method, rule, alpha, gamma", [
+    ("speculative", "spec", 0.0, 2), ("speculative", "token_v3", 0.4, 3), ("autoregressive", "spec", 0.0, 1)])
+def test_sequence_law_with_transformers(method, rule, alpha, gamma):
+  _check_law("transformer", method, rule, alpha, gamma, 1.0, 0.9)
+
+
+def _check_law(pair, method, rule, alpha, gamma, temperature, top_p):
   row = 0 if gamma % 2 else 1
-  codes, out = _sample_codes(method, rule, alpha, temperature, top_p, gamma, row)
-  law = _exact_law(np.asarray(PROMPTS[row, :LENGTHS[row]]), method, rule, alpha, temperature, top_p, gamma)
+  codes, out = _sample_codes(pair, method, rule, alpha, temperature, top_p, gamma, row)
+  law = _exact_law(pair, np.asarray(PROMPTS[row, :LENGTHS[row]]), method, rule, alpha, temperature,
+                   top_p, gamma)
   assert_law(codes, law, what=f"{method}/{rule}")
   stats = out.stats
   if method == "speculative":
