@@ -11,6 +11,7 @@ setup(
     install_requires=[
         "flax>=0.10",
         "jax>=0.4.30",
+        "lz4>=4",
         "numpy>=1.26",
         "scipy>=1.11",
     ],

@@ -14,7 +14,6 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec import sampling, targets, verify
 
