@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 from specdec import decoding, models
 from tests.toy_models import PositionalTrigram
@@ -238,3 +239,108 @@ def test_bild_rollback_and_fallback_limits(pair):
                      fallback_alpha=0.0)
   np.testing.assert_array_equal(cautious.stats.drafted, 0)
   np.testing.assert_array_equal(cautious.tokens, _greedy(None, verifier, prompts, lengths).tokens)
+
+
+def _greedy_reference(drafter, verifier, prompt, n_new, step):
+  """Runs `step(q_raw, p_raw, state) -> (token, state)` on teacher-forced logits, one token at a time."""
+  tokens, state = list(prompt), None
+  for _ in range(n_new):
+    seq = jnp.asarray(tokens)[None]
+    q_raw = np.asarray(jax.nn.softmax(drafter.logits(seq)[0, -1]))
+    p_raw = np.asarray(jax.nn.softmax(verifier.logits(seq)[0, -1]))
+    token, state = step(q_raw, p_raw, state)
+    tokens.append(token)
+  return tokens[len(prompt):]
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.5, 0.7])
+def test_token_cascade_greedy_matches_reference(alpha):
+  """Alg. 2 at T = 0, long enough (30 tokens) to hit the 10-token cap and multi-token catch-ups."""
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(10), 4, 5, V)
+  n_new = 30
+
+  def step(q_raw, p_raw, run):
+    run = run or 0
+    if q_raw.max() < 1 - alpha or run == decoding.cascades.MAX_DRAFTER_RUN:
+      return int(np.argmax(p_raw)), 0
+    return int(np.argmax(q_raw)), run + 1
+
+  out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method="token_cascade",
+                          rule="chow", alpha=alpha, temperature=0.0, max_new_tokens=n_new)
+  for b in range(4):
+    want = _greedy_reference(drafter, verifier, list(np.asarray(prompts[b, :lengths[b]])), n_new, step)
+    np.testing.assert_array_equal(out.tokens[b], want)
+  assert 0 < np.asarray(out.stats.verifier_calls).sum() < 4 * n_new
+
+
+@pytest.mark.parametrize("alpha, fallback_alpha", [(1.0, 0.5), (2.0, 0.3), (0.5, 0.8), (1e9, 1.0)])
+def test_bild_greedy_matches_reference(alpha, fallback_alpha):
+  """Original BiLD at T = 0: draft argmax q while max q ≥ 1 − α_f (≤ γ), keep drafts while
+  −log p(draft) ≤ α, the verifier's argmax at the first failure or the window's end."""
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(11), 4, 5, V)
+  gamma, n_new = 3, 20
+  for b in range(4):
+    tokens = list(np.asarray(prompts[b, :lengths[b]]))
+    want = []
+    while len(want) < n_new:
+      window = []
+      for _ in range(gamma):  # fallback phase
+        q_raw = np.asarray(jax.nn.softmax(drafter.logits(jnp.asarray(tokens + window)[None])[0, -1]))
+        if q_raw.max() < 1 - fallback_alpha:
+          break
+        window.append(int(np.argmax(q_raw)))
+      kept = []
+      for x in window:  # rollback phase
+        p_raw = np.asarray(jax.nn.softmax(verifier.logits(jnp.asarray(tokens + kept)[None])[0, -1]))
+        if -np.log(p_raw[x]) > alpha:
+          break
+        kept.append(x)
+      p_raw = np.asarray(jax.nn.softmax(verifier.logits(jnp.asarray(tokens + kept)[None])[0, -1]))
+      block = kept + [int(np.argmax(p_raw))]
+      tokens += block
+      want += block
+    out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts[b:b + 1], lengths[b:b + 1],
+                            method="bild", alpha=alpha, fallback_alpha=fallback_alpha, gamma=gamma,
+                            temperature=0.0, max_new_tokens=n_new)
+    np.testing.assert_array_equal(out.tokens[0], want[:n_new])
+
+
+@struct.dataclass
+class _NaNAfter:
+  """A model whose logits turn NaN from a given position on: generation must stop and raise, not hang."""
+  inner: PositionalTrigram
+  position: int = struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self):
+    return self.inner.vocab_size
+
+  @property
+  def max_length(self):
+    return self.inner.max_length
+
+  def logits(self, tokens):
+    return self.inner.logits(tokens)
+
+  def init_cache(self, batch_size, cache_length):
+    return self.inner.init_cache(batch_size, cache_length)
+
+  def score(self, cache, tokens):
+    logits, new_cache = self.inner.score(cache, tokens)
+    positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
+    return jnp.where((positions >= self.position)[..., None], jnp.nan, logits), new_cache
+
+
+@pytest.mark.parametrize("method, rule", [("speculative", "spec"), ("speculative", "token_v3"),
+                                          ("autoregressive", "spec"), ("bild", "spec"),
+                                          ("token_cascade", "chow"), ("oracle_cascade", "diff"),
+                                          ("seq_cascade", "spec")])
+def test_nan_logits_stop_and_raise(method, rule):
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(12), 3, 4, V)
+  bad = _NaNAfter(verifier, position=6)
+  with pytest.raises(FloatingPointError, match="NaN logits reached rows"):
+    decoding.generate(jax.random.PRNGKey(0), drafter, bad, prompts, lengths, method=method, rule=rule,
+                      alpha=0.0 if method != "bild" else 1.0, gamma=3, max_new_tokens=N_NEW)

@@ -100,3 +100,33 @@ def _check_law(pair, method, rule, alpha, gamma, temperature, top_p):
   stats = out.stats
   if method == "speculative":
     assert np.asarray(stats.drafted).sum() > 0 and 0 < np.asarray(stats.rejected).mean()
+
+
+@pytest.mark.parametrize("rule", ["lossy", "lossy_tuned"])
+def test_lossy_bonus_token_is_drawn_from_p(rule):
+  """γ = 1, two tokens: x_1 is the bonus after an accepted x_0 (drawn from p_1, Tran-Thien) or the next
+  block's verified token after a rejection. P(x_0, x_1) = min(q_0, π_0)(x_0)·p_1(x_1)
+  + P(reject)·norm(π_0 − q_0)₊(x_0)·law_1(x_1), law_1 = verification_law(q_1, π_1)."""
+  drafter, verifier = PAIRS["toy"]
+  prompt = np.asarray(PROMPTS[0, :LENGTHS[0]])
+  seqs = np.array(list(itertools.product(range(V), repeat=2)))
+  full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], 1))
+  start = len(prompt) - 1
+  lq, lp = drafter.logits(full)[:, start:start + 2], verifier.logits(full)[:, start:start + 2]
+  q, p = jax.nn.softmax(lq), jax.nn.softmax(lp)
+  pi = np.asarray(targets.target_distribution(rule, q=q, p=p, q_raw=q, p_raw=p, alpha=0.4))
+  q, p = np.asarray(q), np.asarray(p)
+  x0, x1 = seqs[:, 0], seqs[:, 1]
+  n = np.arange(len(seqs))
+  accepted0 = np.minimum(q[:, 0], pi[:, 0])[n, x0]
+  res0 = np.maximum(pi[:, 0] - q[:, 0], 0)
+  p_reject = 1 - np.minimum(q[:, 0], pi[:, 0]).sum(-1)
+  law1 = np.asarray(verify.verification_law(jnp.asarray(q[:, 1]), jnp.asarray(pi[:, 1])))[n, x1]
+  probs = accepted0 * p[n, 1, x1] + p_reject * (res0 / res0.sum(-1, keepdims=True))[n, x0] * law1
+  np.testing.assert_allclose(probs.sum(), 1.0, atol=1e-5)
+  out = decoding.generate(jax.random.PRNGKey(5), drafter, verifier,
+                          jnp.broadcast_to(PROMPTS[0], (SAMPLES, PROMPTS.shape[1])),
+                          jnp.broadcast_to(LENGTHS[0], (SAMPLES,)), method="speculative", rule=rule,
+                          alpha=0.4, gamma=1, max_new_tokens=2)
+  codes = np.asarray(out.tokens) @ np.array([V, 1])
+  assert_law(codes, probs / probs.sum(), what=rule)

@@ -128,6 +128,14 @@ def test_deferral_rules_follow_table3(rule, alpha, defers):
   np.testing.assert_allclose(pi, _P if defers else _Q, atol=1e-7)
 
 
+@pytest.mark.parametrize("alpha, defers", [(0.4, True), (0.49, True), (0.51, False), (0.9, False)])
+def test_opt_cost_term_flips_the_decision(alpha, defers):
+  """max q = .5 < max p − α·D_TV(p, q) = .6 − .2α  <=>  α < .5 (eq. 10)."""
+  q_raw, p_raw = jnp.array([0.5, 0.3, 0.2]), jnp.array([0.6, 0.1, 0.3])
+  got = targets.deferral("opt", q_raw=q_raw, p_raw=p_raw, q=q_raw, p=p_raw, alpha=alpha)
+  assert bool(got) == defers
+
+
 def test_bild_discrepancy_is_cross_entropy_and_greedy_log_loss():
   q, p = jnp.array(_Q), jnp.array(_P)
   want = -np.sum(np.array(_Q) * np.log(_P))
@@ -214,14 +222,15 @@ def test_alpha_and_beta_are_traced():
   traces = []
 
   @jax.jit
-  def f(q, p, alpha):
+  def f(q, p, alpha, beta):
     traces.append(1)
-    return targets.target_distribution("lossy_tuned", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha)
+    return (targets.target_distribution("lossy_tuned", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha),
+            targets.target_distribution("lossy", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha, beta=beta))
 
   q, p, _, _ = _pair(11)
-  for alpha in np.linspace(0, 0.95, 20):
-    f(q, p, alpha)
+  outs = [f(q, p, alpha, beta) for alpha in np.linspace(0, 0.95, 20) for beta in (1.0, 1.5)]
   assert len(traces) == 1
+  np.testing.assert_allclose(outs[-1][1], targets.lossy_target(q, p, 0.95, 1.5), atol=1e-6)
 
 
 @pytest.mark.parametrize("rule, alpha", [

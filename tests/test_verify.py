@@ -73,7 +73,8 @@ def test_monte_carlo_law_per_position(rule, temperature, top_p):
       token = np.where(n_acc[rows] > j, drafts[rows, j], nxt[rows])
       assert_law(token, laws[j], what=f"{rule}: position {j}")
       reach *= accept_rate[j]
-    elif rows.sum() > 1000:
+    else:
+      assert rows.sum() >= 100, "the fixture must accept whole blocks often enough to test the bonus"
       assert_law(nxt[rows], np.asarray(pi[GAMMA]), what=f"{rule}: bonus token")
   assert len(np.unique(n_acc)) >= 2, "the block must exercise acceptance and rejection"
 

@@ -12,6 +12,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec import checks, targets
 from specdec.decoding import cascades, common, speculative
@@ -47,7 +48,9 @@ def generate(key: Array, drafter: Model | None, verifier: Model, prompts: Array,
     oracle_cascade  OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff]).
     bild            the original BiLD: fallback while max q ≥ 1 − fallback_alpha, at most γ drafts,
                     deterministic rollback where D(q, p) > alpha.
-  Returns tokens [B, max_new_tokens] (0 after each row's end), lengths [B] and per-row stats.
+  Returns tokens [B, max_new_tokens] (0 after each row's end), lengths [B] and per-row stats. NaN in a
+  model's logits stops the affected rows (inside the jitted loop, without a host round-trip) and then
+  raises FloatingPointError naming them.
   """
   if method not in METHODS:
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -71,10 +74,15 @@ def generate(key: Array, drafter: Model | None, verifier: Model, prompts: Array,
   cache_length = cache_length_for(prompts.shape[1], max_new_tokens, gamma)
   models = [verifier] if method == "autoregressive" else [drafter, verifier]
   common.check_prompts(prompts, prompt_lengths, cache_length, models)
-  return _generate(key, drafter, verifier, jnp.asarray(prompts, jnp.int32),
-                   jnp.asarray(prompt_lengths, jnp.int32), jnp.float32(alpha), jnp.float32(temperature),
-                   jnp.float32(top_p), jnp.float32(fallback_alpha), method=method, rule=rule, gamma=gamma,
-                   top_k=top_k, max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)
+  out = _generate(key, drafter, verifier, jnp.asarray(prompts, jnp.int32),
+                  jnp.asarray(prompt_lengths, jnp.int32), jnp.float32(alpha), jnp.float32(temperature),
+                  jnp.float32(top_p), jnp.float32(fallback_alpha), method=method, rule=rule, gamma=gamma,
+                  top_k=top_k, max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)
+  failed = np.asarray(out.failed)
+  if failed.any():
+    raise FloatingPointError(f"NaN logits reached rows {np.flatnonzero(failed).tolist()} of the batch; "
+                             "those rows stopped (Output.failed). Check the model's parameters and dtype.")
+  return out
 
 
 @functools.partial(jax.jit, static_argnames=("method", "rule", "gamma", "top_k", "max_new_tokens",

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec import sampling, targets
+from specdec import sampling, targets, verify
 from specdec.decoding import common
 from specdec.decoding.autoregressive import autoregressive
 from specdec.models.base import Cache, Model, prefill, rollback
@@ -18,55 +18,67 @@ Array = jax.Array
 
 # App. F.1: the small model predicts at most 10 tokens before the large model is invoked.
 MAX_DRAFTER_RUN = 10
+# Static widths of a TokenCascade catch-up call (pending tokens + the current one).
+_CATCH_UP_WIDTHS = (1, 4, MAX_DRAFTER_RUN + 1)
 
 
 @struct.dataclass
-class _State:
+class _PairState:
   key: Array
   drafter_cache: Cache
   verifier_cache: Cache
   last: Array              # [B] last emitted token, in neither cache yet
+  emitted: common.Emitted
+  stats: common.Stats
+
+
+@struct.dataclass
+class _CascadeState(_PairState):
   pending: Array           # [B, MAX_DRAFTER_RUN] tokens in the drafter's cache, not yet the verifier's
   n_pending: Array         # [B]
   run: Array               # [B] drafter tokens since the row last deferred (TokenCascade's cap)
-  emitted: common.Emitted
-  stats: common.Stats
+
+
+def _start(key, drafter, verifier, prompts, prompt_lengths, cache_length, max_new_tokens) -> dict:
+  batch = prompts.shape[0]
+  last, drafter_cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
+  _, verifier_cache = prefill(verifier, verifier.init_cache(batch, cache_length), prompts, prompt_lengths)
+  return dict(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
+              emitted=common.Emitted.empty(batch, max_new_tokens, slack=1), stats=common.Stats.zeros(batch))
 
 
 def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                    rule: str, alpha, temperature, top_p, top_k: int, max_new_tokens: int,
                    eos_id: int | None, cache_length: int) -> common.Output:
-  """OracleCascade (Alg. 3): both models every step, x_t ~ π_t = T(q_t, p_t) of any rule.
-
-  With a cascade rule π_t = (1 − δ)·S(q_t) + δ·S(p_t); it is the reference law of the speculative
-  cascade with the same rule, at twice the calls.
+  """OracleCascade (Alg. 3): both models every step; x_t is drawn from the law that one step of Alg. 4
+  with π_t = T(q_t, p_t) emits (`verify.verification_law`: π_t itself when Σπ_t = 1, Tran-Thien's law for
+  lossy with β = 1). With a cascade rule this is (1 − δ)·S(q_t) + δ·S(p_t), and in every case it is the
+  reference law of `speculative` with the same rule, at two calls per token.
   """
   batch = prompts.shape[0]
-  last, drafter_cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
-  _, verifier_cache = prefill(verifier, verifier.init_cache(batch, cache_length), prompts, prompt_lengths)
 
-  def body(state: _State) -> _State:
+  def body(state: _PairState) -> _PairState:
     key, step_key = jax.random.split(state.key)
     q_logits, drafter_cache = drafter.score(state.drafter_cache, state.last[:, None])
     p_logits, verifier_cache = verifier.score(state.verifier_cache, state.last[:, None])
     q_raw, q = common.distributions(q_logits[:, 0], temperature, top_p, top_k)
     p_raw, p = common.distributions(p_logits[:, 0], temperature, top_p, top_k)
     pi = targets.target_distribution(rule, q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
-    token = sampling.sample(step_key, pi)
+    token = sampling.sample(step_key, verify.verification_law(q, pi))
     live = ~state.emitted.done
     emitted, count = common.emit(state.emitted, token[:, None], jnp.ones((batch,), jnp.int32),
-                                 max_new_tokens=max_new_tokens, eos_id=eos_id)
-    deferred = jnp.any(jnp.abs(pi - q) > 0.0, axis=-1)
+                                 max_new_tokens=max_new_tokens, eos_id=eos_id,
+                                 failed=common.has_nan(q_logits) | common.has_nan(p_logits))
+    if rule in targets.CASCADE_RULES:
+      deferred = targets.deferral(rule, q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=alpha)
+    else:
+      deferred = jnp.any(jnp.abs(pi - q) > 1e-6, axis=-1)
     stats = state.stats.add(live, drafter_calls=1, verifier_calls=1, deferred=deferred & (count > 0),
                             generated=count)
     return state.replace(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=token,
                          emitted=emitted, stats=stats)
 
-  start = _State(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
-                 pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
-                 n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32),
-                 emitted=common.Emitted.empty(batch, max_new_tokens, slack=1),
-                 stats=common.Stats.zeros(batch))
+  start = _PairState(**_start(key, drafter, verifier, prompts, prompt_lengths, cache_length, max_new_tokens))
   end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)
   return common.finish(end.emitted, end.stats, max_new_tokens)
 
@@ -79,19 +91,18 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
   S(p) (App. F.1). `rule` must decide from q alone (chow, chow_log).
 
   Law: x_t ~ S(q_t) where the drafter keeps the token, S(p_t) where it defers or its run is full.
-  With a batch, rows that did not defer ride along in a verifier call (catching up their prefix, which
-  changes nothing in their output or their cap); their counters do not count it. Latency is measured
-  at batch size 1.
+  The catch-up call scores pending tokens + the current one at the smallest of a few static widths that
+  covers the deferring rows. Other rows ride along, catching up as far as that width allows (which
+  changes nothing in their output or their cap); their counters do not count the call. Latency is
+  measured at batch size 1.
   """
   if rule not in ("chow", "chow_log"):
     raise ValueError(f"token_cascade defers before the verifier runs, so its rule must use q only "
                      f"(chow or chow_log); got {rule!r}")
   batch = prompts.shape[0]
-  last, drafter_cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
-  _, verifier_cache = prefill(verifier, verifier.init_cache(batch, cache_length), prompts, prompt_lengths)
   rows = jnp.arange(batch)
 
-  def body(state: _State) -> _State:
+  def body(state: _CascadeState) -> _CascadeState:
     key, key_q, key_p = jax.random.split(state.key, 3)
     live = ~state.emitted.done
     q_logits, drafter_cache = drafter.score(state.drafter_cache, state.last[:, None])
@@ -99,41 +110,44 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
     defers = targets.deferral(rule, q_raw=q_raw, alpha=alpha) | (state.run == MAX_DRAFTER_RUN)
     defers &= live
 
-    def catch_up(state: _State):
-      # Score [pending…, last] padded to a static width; the row's own last position gives p_t.
+    def catch_up(state: _CascadeState):
+      # [pending…, last] per row, scored at one static width; row b's p_t is at index n_pending[b].
       tokens = jnp.concatenate([state.pending, jnp.zeros((batch, 1), jnp.int32)], axis=1)
       tokens = tokens.at[rows, state.n_pending].set(state.last)
-      p_logits, cache = verifier.score(state.verifier_cache, tokens)
-      p_raw, p = common.distributions(p_logits[rows, state.n_pending], temperature, top_p, top_k)
-      return p, rollback(cache, state.verifier_cache.lengths + state.n_pending + 1)
+      needed = jnp.where(defers, state.n_pending + 1, 1)
+      p_logits, cache, width = common.score_prefix(verifier, state.verifier_cache, tokens, needed,
+                                                   _CATCH_UP_WIDTHS)
+      synced = state.n_pending + 1 <= width
+      lengths = state.verifier_cache.lengths + jnp.where(synced, state.n_pending + 1, 0)
+      return p_logits[rows, state.n_pending], rollback(cache, lengths), synced
 
-    def wait(state: _State):
-      return jnp.zeros_like(q), state.verifier_cache
+    def wait(state: _CascadeState):
+      return jnp.zeros_like(q_logits[:, 0]), state.verifier_cache, jnp.zeros((batch,), bool)
 
-    p, caught_up = jax.lax.cond(jnp.any(defers), catch_up, wait, state)
-    token = sampling.sample(key_q, q)
-    token = jnp.where(defers, sampling.sample(key_p, p), token)
+    p_logits, verifier_cache, synced = jax.lax.cond(jnp.any(defers), catch_up, wait, state)
+    _, p = common.distributions(p_logits, temperature, top_p, top_k)
+    token = jnp.where(defers, sampling.sample(key_p, p), sampling.sample(key_q, q))
+    failed = common.has_nan(q_logits) | (defers & common.has_nan(p_logits))
     emitted, count = common.emit(state.emitted, token[:, None], jnp.ones((batch,), jnp.int32),
-                                 max_new_tokens=max_new_tokens, eos_id=eos_id)
-    synced = jnp.any(defers)  # every row caught up in this call
+                                 max_new_tokens=max_new_tokens, eos_id=eos_id, failed=failed)
+    live &= ~failed
     pending = state.pending.at[rows, jnp.minimum(state.n_pending, MAX_DRAFTER_RUN - 1)].set(
         jnp.where(synced, 0, state.last))
-    n_pending = jnp.where(synced, 0, state.n_pending + live)
-    run = jnp.where(defers, 0, state.run + live)
     stats = state.stats.add(live, drafter_calls=1, verifier_calls=defers, deferred=defers & (count > 0),
                             generated=count)
     # A finished row's drafter cache must not run ahead of its pending list: freeze it.
     drafter_cache = rollback(drafter_cache, jnp.where(live, drafter_cache.lengths,
                                                       state.drafter_cache.lengths))
-    return state.replace(key=key, drafter_cache=drafter_cache, verifier_cache=caught_up,
-                         last=jnp.where(live, token, state.last), pending=pending, n_pending=n_pending,
-                         run=run, emitted=emitted, stats=stats)
+    return state.replace(
+        key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache,
+        last=jnp.where(live, token, state.last), pending=pending,
+        n_pending=jnp.where(synced, 0, state.n_pending + live), run=jnp.where(defers, 0, state.run + live),
+        emitted=emitted, stats=stats)
 
-  start = _State(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
-                 pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
-                 n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32),
-                 emitted=common.Emitted.empty(batch, max_new_tokens, slack=1),
-                 stats=common.Stats.zeros(batch))
+  start = _CascadeState(**_start(key, drafter, verifier, prompts, prompt_lengths, cache_length,
+                                 max_new_tokens),
+                        pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
+                        n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
   end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)
   return common.finish(end.emitted, end.stats, max_new_tokens)
 
@@ -144,32 +158,31 @@ def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   """SeqCascade [Chow] (eq. 1): the drafter writes the whole response; the row defers to the verifier,
   which writes a new response from the prompt, when the drafter's confidence is below 1 − α.
 
-  max over responses of q(response) is approximated along the drafted response by Π_t max_v q_raw(v|x_<t)
-  (exact for greedy drafting), computed by scoring the response teacher-forced in one drafter call.
+  The max over responses of q(response) is estimated along the drafted response by Π_t max_v q_raw(v|x_<t)
+  (a plug-in in the spirit of eq. (1): it is the probability of the greedy continuation only when the
+  drafted tokens are the argmaxes, and a lower bound on the max then). The verifier pass runs only when
+  some row defers.
   """
   key_draft, key_verify = jax.random.split(key)
-  drafted = autoregressive(key_draft, drafter, prompts, prompt_lengths, temperature=temperature,
-                           top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                           cache_length=cache_length, calls="drafter_calls")
-  log_confidence = _response_log_confidence(drafter, prompts, prompt_lengths, drafted, cache_length)
-  defers = log_confidence < jnp.log(jnp.maximum(1.0 - jnp.asarray(alpha, jnp.float32), 1e-30))
-  verified = autoregressive(key_verify, verifier, prompts, prompt_lengths, temperature=temperature,
-                            top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                            cache_length=cache_length, active=defers)
+  drafted, log_confidence = autoregressive(
+      key_draft, drafter, prompts, prompt_lengths, temperature=temperature, top_p=top_p, top_k=top_k,
+      max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length, calls="drafter_calls",
+      with_log_confidence=True)
+  defers = ~drafted.failed & (
+      log_confidence < jnp.log(jnp.maximum(1.0 - jnp.asarray(alpha, jnp.float32), 1e-30)))
+
+  def verify_deferred(_):
+    return autoregressive(key_verify, verifier, prompts, prompt_lengths, temperature=temperature,
+                          top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                          cache_length=cache_length, active=defers)
+
+  def nothing_deferred(_):
+    return jax.tree.map(jnp.zeros_like, drafted)
+
+  verified = jax.lax.cond(jnp.any(defers), verify_deferred, nothing_deferred, None)
   tokens = jnp.where(defers[:, None], verified.tokens, drafted.tokens)
   lengths = jnp.where(defers, verified.lengths, drafted.lengths)
   stats = drafted.stats.replace(verifier_calls=verified.stats.verifier_calls,
                                 deferred=jnp.where(defers, verified.lengths, 0), generated=lengths)
-  return common.Output(tokens=tokens, lengths=lengths, stats=stats)
-
-
-def _response_log_confidence(drafter: Model, prompts: Array, prompt_lengths: Array, drafted: common.Output,
-                             cache_length: int) -> Array:
-  """Σ_t log max_v q_raw(v | prompt, x_<t) over each row's drafted tokens, [B]."""
-  batch = prompts.shape[0]
-  last, cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
-  tokens = jnp.concatenate([last[:, None], drafted.tokens], axis=1)
-  logits, _ = drafter.score(cache, tokens[:, :-1])
-  log_max = jnp.max(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
-  return jnp.sum(jnp.where(jnp.arange(drafted.tokens.shape[1]) < drafted.lengths[:, None], log_max, 0.0),
-                 axis=-1)
+  return common.Output(tokens=tokens, lengths=lengths, stats=stats,
+                       failed=drafted.failed | (defers & verified.failed))

@@ -17,7 +17,8 @@ STAT_NAMES = ("drafter_calls", "verifier_calls", "drafted", "accepted", "rejecte
 
 @struct.dataclass
 class Stats:
-  """Per-row cost counters, each [B] int32. Calls are serial model invocations that involved the row."""
+  """Per-row cost counters, each [B] int32. A call counts for a row when the row needed it (a row riding
+  along in a batched call it did not need, e.g. a TokenCascade catch-up, is not charged)."""
   drafter_calls: Array
   verifier_calls: Array
   drafted: Array
@@ -38,10 +39,12 @@ class Stats:
 
 @struct.dataclass
 class Output:
-  """tokens [B, N] (0 after each row's end), lengths [B], stats (per-row counters)."""
+  """tokens [B, N] (0 after each row's end), lengths [B], stats (per-row counters), and failed [B]: rows
+  that stopped because NaN reached their logits (`generate` raises on them)."""
   tokens: Array
   lengths: Array
   stats: Stats
+  failed: Array
 
 
 @struct.dataclass
@@ -50,24 +53,30 @@ class Emitted:
   tokens: Array
   n_generated: Array
   done: Array
+  failed: Array
 
   @classmethod
   def empty(cls, batch_size: int, max_new_tokens: int, slack: int) -> "Emitted":
     return cls(tokens=jnp.zeros((batch_size, max_new_tokens + slack), jnp.int32),
                n_generated=jnp.zeros((batch_size,), jnp.int32),
-               done=jnp.zeros((batch_size,), bool))
+               done=jnp.zeros((batch_size,), bool), failed=jnp.zeros((batch_size,), bool))
 
 
-def emit(emitted: Emitted, block: Array, count: Array, *, max_new_tokens: int,
-         eos_id: int | None) -> tuple[Emitted, Array]:
+def emit(emitted: Emitted, block: Array, count: Array, *, max_new_tokens: int, eos_id: int | None,
+         failed: Array | None = None) -> tuple[Emitted, Array]:
   """Appends block[b, :count[b]] [B, n] to each unfinished row, cut at EOS and at max_new_tokens.
 
   Returns the new record and the number of tokens actually appended per row [B]. A row is done once it
-  has emitted EOS or max_new_tokens tokens; done rows append nothing.
+  has emitted EOS or max_new_tokens tokens; done rows append nothing. Rows in `failed` [B] (NaN reached
+  their step) append nothing and stop, flagged: without this a row that can never advance would keep
+  the while loop running forever.
   """
   batch, n = block.shape
   index = jnp.arange(n)
-  count = jnp.where(emitted.done, 0, count)
+  if failed is None:
+    failed = jnp.zeros((batch,), bool)
+  failed &= ~emitted.done
+  count = jnp.where(emitted.done | failed, 0, count)
   if eos_id is not None:
     is_eos = (block == eos_id) & (index < count[:, None])
     first_eos = jnp.argmax(is_eos, axis=-1)
@@ -83,12 +92,39 @@ def emit(emitted: Emitted, block: Array, count: Array, *, max_new_tokens: int,
                                                                    emitted.tokens.shape[1])].set(
       write, mode="drop")
   n_generated = emitted.n_generated + count
-  done = emitted.done | hit_eos | (n_generated >= max_new_tokens)
-  return Emitted(tokens=tokens, n_generated=n_generated, done=done), count
+  done = emitted.done | hit_eos | (n_generated >= max_new_tokens) | failed
+  return Emitted(tokens=tokens, n_generated=n_generated, done=done, failed=emitted.failed | failed), count
+
+
+def has_nan(x: Array) -> Array:
+  """[B, ...] -> [B]: whether a row holds any NaN."""
+  return jnp.any(jnp.isnan(x.reshape(x.shape[0], -1)), axis=-1)
+
+
+def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tuple[int, ...]):
+  """Scores tokens[:, :w] [B, w] for the smallest static w in `widths` (and tokens.shape[1]) that covers
+  every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w).
+
+  A call's cost grows with its width (scoring 11 tokens costs ~2× one on CPU), so loops that score a
+  variable number of tokens per call pick the width at run time with `lax.switch` instead of always
+  paying for the maximum.
+  """
+  full = tokens.shape[1]
+  sizes = sorted({w for w in widths if w < full} | {full})
+
+  def branch(width):
+    def score(cache):
+      logits, cache = model.score(cache, tokens[:, :width])
+      return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache, jnp.int32(width)
+    return score
+
+  index = jnp.searchsorted(jnp.asarray(sizes), jnp.max(needed))
+  return jax.lax.switch(index, [branch(w) for w in sizes], cache)
 
 
 def finish(emitted: Emitted, stats: Stats, max_new_tokens: int) -> Output:
-  return Output(tokens=emitted.tokens[:, :max_new_tokens], lengths=emitted.n_generated, stats=stats)
+  return Output(tokens=emitted.tokens[:, :max_new_tokens], lengths=emitted.n_generated, stats=stats,
+                failed=emitted.failed)
 
 
 def distributions(logits: Array, temperature: Array, top_p: Array, top_k: int) -> tuple[Array, Array]:

@@ -91,15 +91,19 @@ def draft(key: Array, drafter: Model, cache: Cache, last: Array, *, max_drafts: 
 
 
 def _commit(state: _State, drafted: Draft, verifier_cache: Cache, n_accepted: Array, next_token: Array,
-            deferred: Array, *, max_new_tokens: int, eos_id: int | None) -> _State:
-  """Emits d_1 … d_a, next_token; rolls both caches back to the committed length; counts."""
+            deferred: Array, failed: Array, *, max_new_tokens: int, eos_id: int | None) -> _State:
+  """Emits d_1 … d_a, next_token; rolls both caches back to the committed length; counts.
+
+  `failed` [B] marks rows NaN reached (verify_block's −1 flag): they stop, flagged, emitting nothing.
+  """
   batch, gamma = drafted.tokens.shape
   index = jnp.arange(gamma + 1)
+  n_accepted = jnp.maximum(n_accepted, 0)
   padded = jnp.concatenate([drafted.tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   block = jnp.where(index < n_accepted[:, None], padded, next_token[:, None])
-  live = ~state.emitted.done
+  live = ~state.emitted.done & ~failed
   emitted, count = common.emit(state.emitted, block, n_accepted + 1, max_new_tokens=max_new_tokens,
-                               eos_id=eos_id)
+                               eos_id=eos_id, failed=failed)
   committed = state.verifier_cache.lengths + jnp.where(live, n_accepted + 1, 0)
   stats = state.stats.add(
       live, drafter_calls=drafted.n_drafted + 1, verifier_calls=1, drafted=drafted.n_drafted,
@@ -141,9 +145,12 @@ def speculative(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
     if rule.startswith("lossy"):
       pi = pi.at[:, gamma].set(p[:, gamma])
     n_accepted, next_token = verify.verify_block(key_verify, drafted.tokens, drafted.q[:, :gamma], pi)
-    deferred = jnp.any(jnp.abs(pi - drafted.q) > 0.0, axis=-1)
+    if rule in targets.CASCADE_RULES:  # δ itself: at T = 0 a deferral to an agreeing p leaves π = q
+      deferred = targets.deferral(rule, q_raw=drafted.q_raw, p_raw=p_raw, q=drafted.q, p=p, alpha=alpha)
+    else:  # the verifier moved mass: π ≠ q beyond float noise (lossy_tuned's β* is a bisection)
+      deferred = jnp.any(jnp.abs(pi - drafted.q) > 1e-6, axis=-1)
     return _commit(state.replace(key=key), drafted, verifier_cache, n_accepted, next_token, deferred,
-                   max_new_tokens=max_new_tokens, eos_id=eos_id)
+                   n_accepted < 0, max_new_tokens=max_new_tokens, eos_id=eos_id)
 
   return _loop(key, drafter, verifier, prompts, prompt_lengths, block, gamma=gamma,
                max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)
@@ -155,7 +162,8 @@ def bild(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_len
   """The original Big Little Decoder (cascades App. F.5; Kim et al. 2023).
 
   Fallback: the drafter drafts while max q_raw ≥ 1 − α_f, up to `gamma` tokens (the maximum window).
-  Rollback: the verifier scores the window in one call; the first draft with D(q_j, p_j) > α
+  Rollback: the verifier scores the window in one call (at the smallest of three static widths that
+  covers the longest row's window); the first draft with D(q_j, p_j) > α
   (D = −Σ q·log p_raw, `targets.bild_discrepancy`) and everything after it is discarded, and its
   position gets a token from S(p_j) — deterministic rollback instead of rejection sampling. If the whole
   window passes, the next token is the verifier's (the fallback token) from S(p) at the window's end.
@@ -168,7 +176,10 @@ def bild(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_len
     drafted = draft(key_draft, drafter, state.drafter_cache, state.last, max_drafts=gamma,
                     temperature=temperature, top_p=top_p, top_k=top_k, keep_drafting=confident)
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
-    logits, verifier_cache = verifier.score(state.verifier_cache, verify_in)
+    # The window is as long as the drafter stayed confident: score only what the longest row needs.
+    needed = jnp.where(state.emitted.done, 1, drafted.n_drafted + 1)
+    logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed,
+                                                    (1, (gamma + 2) // 2))
     p_raw, p = common.distributions(logits, temperature, top_p, top_k)
     index = jnp.arange(gamma)
     passes = (targets.bild_discrepancy(drafted.q[:, :gamma], p_raw[:, :gamma]) <= alpha) & (
@@ -176,8 +187,10 @@ def bild(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_len
     n_accepted = jnp.sum(jnp.cumprod(passes, axis=-1), axis=-1).astype(jnp.int32)
     next_token = sampling.sample(key_next, p[jnp.arange(p.shape[0]), n_accepted])
     deferred = jnp.arange(gamma + 1) == n_accepted[:, None]
+    failed = common.has_nan(jnp.where((jnp.arange(gamma + 1) <= drafted.n_drafted[:, None])[..., None],
+                                      logits, 0.0)) | common.has_nan(drafted.q)
     return _commit(state.replace(key=key), drafted, verifier_cache, n_accepted, next_token, deferred,
-                   max_new_tokens=max_new_tokens, eos_id=eos_id)
+                   failed, max_new_tokens=max_new_tokens, eos_id=eos_id)
 
   return _loop(key, drafter, verifier, prompts, prompt_lengths, block, gamma=gamma,
                max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)

@@ -1,0 +1,183 @@
+"""Checkpoints (layer 4): orbax training checkpoints that resume exactly, and exported models.
+
+A training checkpoint is one step directory of an orbax `CheckpointManager` with two items:
+  state  the `TrainState` pytree (step, params, opt_state), orbax `StandardSave`;
+  meta   JSON: the step, the data offset (batches consumed), the run's description (model spec, batch
+         shape) and a manifest {path: [shape, dtype]} of the state's leaves.
+`restore_latest` compares the JSON with what the run expects and the manifest with the state it restores
+into before reading any array, and turns every read failure into a `CheckpointError`: a mismatched,
+corrupt or incomplete checkpoint raises; it never yields random or partial weights.
+
+An exported model (`save_params`) is a directory holding `params/` (orbax) and `model.json` (its spec).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from specdec import models
+from specdec.models import transformer
+
+_MODEL_JSON = "model.json"
+
+
+class CheckpointError(Exception):
+  """A checkpoint that cannot be restored: unreadable, incomplete, or made by a different run."""
+
+
+def model_spec(model: transformer.TransformerLM, preset: str | None = None) -> dict[str, Any]:
+  """A model's architecture as JSON: its `TransformerConfig` fields and the preset it was built from."""
+  config = dataclasses.asdict(model.config)
+  config["dtype"] = jnp.dtype(config["dtype"]).name
+  return {"preset": preset, **config}
+
+
+def _config(spec: dict[str, Any]) -> transformer.TransformerConfig:
+  fields = {k: v for k, v in spec.items() if k != "preset"}
+  return transformer.TransformerConfig(**{**fields, "dtype": getattr(jnp, fields["dtype"])})
+
+
+def _manifest(tree: Any) -> dict[str, list]:
+  """{path: [shape, dtype]} of a pytree's leaves (arrays or `jax.ShapeDtypeStruct`s)."""
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): [list(leaf.shape), jnp.dtype(leaf.dtype).name]
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _differences(stored: Any, expected: Any, prefix: str = "") -> list[str]:
+  if isinstance(stored, dict) and isinstance(expected, dict):
+    return [d for key in expected
+            for d in _differences(stored.get(key), expected[key], f"{prefix}{key}.")]
+  return [] if stored == expected else [f"{prefix[:-1]} is {stored!r} there, {expected!r} here"]
+
+
+def _tree_problems(stored: dict[str, list], expected: dict[str, list]) -> list[str]:
+  missing = [p for p in expected if p not in stored]
+  unexpected = [p for p in stored if p not in expected]
+  changed = [f"{p}: {tuple(stored[p][0])} {stored[p][1]} there, {tuple(e[0])} {e[1]} here"
+             for p, e in expected.items() if p in stored and stored[p] != e]
+  return [f"{name} ({len(items)}): {', '.join(items[:5])}{' …' if len(items) > 5 else ''}"
+          for name, items in [("missing", missing), ("unexpected", unexpected), ("different", changed)] if items]
+
+
+def _unreadable(where: str, error: Exception) -> CheckpointError:
+  first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+  return CheckpointError(f"{where} cannot be read, it is corrupt or incomplete "
+                         f"({type(error).__name__}: {first_line[:300]})")
+
+
+class Checkpointer:
+  """Saves training checkpoints to `directory` every `save_every` steps (or when forced), keeping the
+  newest `keep`. `metadata` (JSON) describes the run; `restore_latest` checks it on resume."""
+
+  def __init__(self, directory: str, *, metadata: dict[str, Any], save_every: int, keep: int):
+    self._metadata = metadata
+    self._save_every = save_every
+    self._manager = ocp.CheckpointManager(
+        os.path.abspath(directory), options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+  def save(self, step: int, state: Any, *, data_offset: int, force: bool = False) -> bool:
+    """Saves `state` (after `step` steps, `data_offset` batches consumed) if due; returns whether it did.
+
+    Asynchronous: arrays are copied to the host before this returns, so the caller may donate them.
+    """
+    if not (force or step % self._save_every == 0) or self._manager.latest_step() == step:
+      return False
+    meta = {**self._metadata, "step": step, "data_offset": data_offset, "tree": _manifest(state)}
+    return self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                            meta=ocp.args.JsonSave(meta)), force=True)
+
+  def close(self) -> None:
+    """Waits for pending saves to finish."""
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+class Restored(NamedTuple):
+  state: Any           # the restored TrainState
+  data_offset: int     # batches the data source had produced: resume it at this index
+  metadata: dict[str, Any]
+
+
+def restore_latest(directory: str, abstract_state: Any, *, expected: dict[str, Any] | None = None
+                   ) -> Restored | None:
+  """The newest checkpoint in `directory` restored into the structure of `abstract_state` (a TrainState
+  of arrays or of `jax.ShapeDtypeStruct`s), or None when there is none.
+
+  Raises CheckpointError when an entry of `expected` (e.g. {'model': model_spec(...)}) differs from the
+  checkpoint's, when its tree, shapes or dtypes differ from `abstract_state`'s, or when any file is
+  missing or unreadable. Older checkpoints are not tried: delete a bad one to fall back.
+  """
+  directory = os.path.abspath(directory)
+  if not os.path.isdir(directory):
+    return None
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    step = manager.latest_step()
+    if step is None:
+      return None
+    where = f"checkpoint {os.path.join(directory, str(step))}"
+    try:
+      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    except Exception as e:  # orbax and tensorstore raise many types; all mean the same here
+      raise _unreadable(where, e) from e
+    if not isinstance(meta, dict) or not {"step", "data_offset", "tree"} <= meta.keys():
+      raise CheckpointError(f"{where} has no valid metadata (step, data offset, tree manifest)")
+    differences = _differences(meta, expected or {})
+    if differences:
+      raise CheckpointError(f"{where} was written by a different run: " + "; ".join(differences))
+    abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    problems = _tree_problems(meta["tree"], _manifest(abstract_state))
+    if problems:
+      raise CheckpointError(f"{where} does not fit the state to restore: " + "; ".join(problems))
+    try:
+      state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))).state
+    except Exception as e:
+      raise _unreadable(where, e) from e
+  finally:
+    manager.close()
+  return Restored(state=state, data_offset=int(meta["data_offset"]), metadata=meta)
+
+
+def save_params(path: str, model: transformer.TransformerLM, *, preset: str | None = None) -> None:
+  """Exports `model` (its parameters in their own dtype, e.g. after `cast_params(…, bfloat16)`, and its
+  spec) to a new directory `path`, for `load_model`."""
+  path = os.path.abspath(path)
+  if os.path.exists(path):
+    raise FileExistsError(f"{path} exists; save_params writes a new directory")
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.join(path, "params"), model.params)
+    checkpointer.wait_until_finished()
+  # Written last: a directory with model.json holds complete parameters.
+  with open(os.path.join(path, _MODEL_JSON), "w") as f:
+    json.dump(model_spec(model, preset), f, indent=2)
+
+
+def load_model(path: str) -> transformer.TransformerLM:
+  """The model `save_params` exported to `path`, parameters checked by `models.with_params` and held in
+  the config's float32 (bfloat16 exports load exactly). Raises CheckpointError on any problem."""
+  path = os.path.abspath(path)
+  try:
+    with open(os.path.join(path, _MODEL_JSON)) as f:
+      spec = json.load(f)
+    config = _config(spec)
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise CheckpointError(f"{path} is not an exported model: its {_MODEL_JSON} is missing or invalid ({e})") from e
+  # Shapes only: the structure to check against, without initialising random weights.
+  abstract = jax.eval_shape(functools.partial(transformer.init, config), jax.random.PRNGKey(0))
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      params = checkpointer.restore(os.path.join(path, "params"))
+  except Exception as e:
+    raise _unreadable(f"exported model {path}", e) from e
+  try:
+    return models.with_params(abstract, params)
+  except ValueError as e:
+    raise CheckpointError(f"exported model {path}: {e}") from e

@@ -1,0 +1,300 @@
+"""Training (layer 4): optax optimizers, jitted train/eval steps on a `TrainState`, the training loop.
+
+Laid out like flax `examples/lm1b/train.py`: the step functions are pure and jitted once; all that
+training changes lives in one pytree (`TrainState`), which is also what a checkpoint holds.
+
+Loss convention (decoder-only LM, teacher forcing). A batch is
+  {'inputs': [B, L] int32 tokens, 'weights': [B, L] float}
+and `model.logits(inputs)[:, t]` predicts `inputs[:, t+1]` (the model does not shift its inputs), so the
+loss is the cross-entropy of logits[:, :-1] against targets inputs[:, 1:], weighted by weights[:, 1:]:
+`weights[b, t]` says whether token t of row b counts as a target. Padding, the prompt of a prefix-LM
+example ("summarize: … synopsis:") and the first token of each packed document get weight 0;
+weights[:, 0] is never used (nothing predicts the first token). The model has no segment ids: packed
+documents attend to the ones before them in their row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import time
+import zlib
+from typing import Any, Callable, Iterable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import scipy.special
+from flax import struct
+
+from specdec import models
+from specdec.training import checkpoint
+
+Array = jax.Array
+Batch = dict[str, Any]  # 'inputs' [B, L] int32, 'weights' [B, L] float
+# data_source(split, *, batch_size, seq_len, vocab_size, start) -> the batches start, start+1, … of a
+# split ('train' or 'validation'), each batch a pure function of its index, so resuming is `start=offset`.
+DataSource = Callable[..., Iterator[Batch]]
+
+
+@struct.dataclass
+class TrainState:
+  """What a training step changes: the step count, float32 parameters and the optimizer state."""
+  step: Array
+  params: Any
+  opt_state: Any
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+
+  @classmethod
+  def create(cls, params: Any, tx: optax.GradientTransformation) -> TrainState:
+    # A copy: `train_step` donates the state's buffers, and the model's own parameters must outlive them.
+    params = jax.tree.map(jnp.copy, params)
+    return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), tx=tx)
+
+
+def learning_rate_schedule(learning_rate: float, warmup_steps: int, decay: str,
+                           total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to `learning_rate`, then 'rsqrt' (lm1b: lr·√(w / (s + w)), s counted from the
+  end of warmup) or 'cosine' (to 0 at `total_steps`)."""
+  if decay == "rsqrt":
+    shift = max(warmup_steps, 1)
+    after = lambda count: learning_rate * jnp.sqrt(shift / (count + shift))
+  elif decay == "cosine":
+    after = optax.cosine_decay_schedule(learning_rate, max(total_steps - warmup_steps, 1))
+  else:
+    raise ValueError(f"decay must be 'rsqrt' or 'cosine'; got {decay!r}")
+  if warmup_steps == 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), after], [warmup_steps])
+
+
+def _decay_mask(params: Any) -> Any:
+  # Decoupled weight decay on matrices and embeddings only, not on biases or LayerNorm scales.
+  return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+# Memoised: a transformation is stateless, and `train_step` holds it as static data of the state, so
+# equal settings sharing one object compile the step once instead of once per call (resumes, sweeps).
+@functools.cache
+def make_optimizer(total_steps: int, *, name: str = "adamw", learning_rate: float = 0.0016,
+                   warmup_steps: int = 1000, decay: str = "rsqrt",
+                   weight_decay: float = 0.1) -> optax.GradientTransformation:
+  """AdamW (lm1b's β1 = 0.9, β2 = 0.98, ε = 1e-9) or Adafactor (optax defaults; its learning rate is
+  relative to each parameter's scale), with `learning_rate_schedule`'s warmup and decay."""
+  schedule = learning_rate_schedule(learning_rate, warmup_steps, decay, total_steps)
+  if name == "adamw":
+    return optax.adamw(schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=weight_decay, mask=_decay_mask)
+  if name == "adafactor":
+    return optax.adafactor(schedule, weight_decay_rate=weight_decay or None, weight_decay_mask=_decay_mask)
+  raise ValueError(f"optimizer name must be 'adamw' or 'adafactor'; got {name!r}")
+
+
+def cast_params(params: Any, dtype: Any) -> Any:
+  """Floating-point parameters cast to `dtype` (e.g. bfloat16 for export); training keeps float32."""
+  return jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+
+
+def _weighted_sums(logits: Array, batch: Batch, label_smoothing: float | Array) -> dict[str, Array]:
+  """Σ w·loss, Σ w·correct and Σ w over the targets inputs[:, 1:] of logits[:, :-1] (module docstring).
+
+  With label smoothing ε the target is (1 − ε) on the token and ε/(V − 1) elsewhere, and the loss is
+  the cross-entropy minus that target's own entropy (lm1b), so a perfect fit scores 0; ε = 0 is the
+  plain −log p(token).
+  """
+  logits, targets = logits[:, :-1], batch["inputs"][:, 1:]
+  weights = jnp.asarray(batch["weights"], jnp.float32)[:, 1:]
+  vocab_size = logits.shape[-1]
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  target_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab_size - 1)
+  entropy = -(jax.scipy.special.xlogy(confidence, confidence)
+              + (vocab_size - 1) * jax.scipy.special.xlogy(low, low))
+  loss = -((confidence - low) * target_log_probs + low * jnp.sum(log_probs, axis=-1)) - entropy
+  correct = jnp.argmax(logits, axis=-1) == targets
+  return {"loss": jnp.sum(weights * loss), "correct": jnp.sum(weights * correct), "tokens": jnp.sum(weights)}
+
+
+def _per_token(total: Array, tokens: Array) -> Array:
+  # A batch with no target tokens contributes 0, not NaN.
+  return total / jnp.where(tokens > 0, tokens, 1.0)
+
+
+@jax.jit
+def eval_step(params: Any, batch: Batch, model: Any) -> dict[str, Array]:
+  """Weighted sums 'loss' (plain cross-entropy), 'correct', 'tokens' of one batch; `evaluate` adds them."""
+  return _weighted_sums(model.replace(params=params).logits(batch["inputs"]), batch, 0.0)
+
+
+# Donating the state lets XLA update parameters and optimizer moments in place.
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(state: TrainState, batch: Batch, model: Any, label_smoothing: float | Array = 0.0
+               ) -> tuple[TrainState, dict[str, Array]]:
+  """One optimizer step on the weighted next-token loss (module docstring). `model` supplies the
+  architecture; its own parameters are not used. The input state is donated (invalid afterwards).
+  Returns the new state and metrics: per-token 'loss', 'accuracy', target 'tokens', 'grad_norm'."""
+  def loss_fn(params):
+    sums = _weighted_sums(model.replace(params=params).logits(batch["inputs"]), batch, label_smoothing)
+    return _per_token(sums["loss"], sums["tokens"]), sums
+
+  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                        opt_state=opt_state)
+  metrics = {"loss": _per_token(sums["loss"], sums["tokens"]),
+             "accuracy": _per_token(sums["correct"], sums["tokens"]),
+             "tokens": sums["tokens"], "grad_norm": optax.global_norm(grads)}
+  return state, metrics
+
+
+def evaluate(model: Any, params: Any, batches: Iterable[Batch]) -> dict[str, float]:
+  """Per-token cross-entropy 'loss', 'accuracy' and 'perplexity' = exp(loss) over all target tokens of
+  `batches` (weighted as in training), and their number 'tokens'."""
+  totals = {"loss": 0.0, "correct": 0.0, "tokens": 0.0}
+  for batch in batches:
+    for name, value in jax.device_get(eval_step(params, batch, model)).items():
+      totals[name] += float(value)
+  if totals["tokens"] <= 0:
+    raise ValueError("evaluate: the batches hold no target tokens (all weights are 0)")
+  loss = totals["loss"] / totals["tokens"]
+  return {"loss": loss, "accuracy": totals["correct"] / totals["tokens"], "perplexity": float(np.exp(loss)),
+          "tokens": totals["tokens"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovChain:
+  """A random first-order Markov chain over a (small) vocabulary, the synthetic training data: each row
+  of `transitions` [V, V] is drawn from Dirichlet(concentration), the first token from the stationary law.
+
+  Its next-token loss floor is the entropy rate Σ_i π_i H(T_i); a model that ignores context can do no
+  better than the unigram entropy H(π).
+  """
+  transitions: np.ndarray
+
+  @classmethod
+  def random(cls, vocab_size: int, seed: int, concentration: float) -> MarkovChain:
+    rng = np.random.default_rng(seed)
+    return cls(rng.dirichlet(np.full(vocab_size, concentration), size=vocab_size))
+
+  @functools.cached_property
+  def stationary(self) -> np.ndarray:
+    """π with π = π T, by power iteration from the uniform law."""
+    pi = np.full(len(self.transitions), 1.0 / len(self.transitions))
+    for _ in range(10_000):
+      pi, previous = pi @ self.transitions, pi
+      if np.abs(pi - previous).max() < 1e-13:
+        break
+    return pi / pi.sum()
+
+  @property
+  def unigram_entropy(self) -> float:
+    """H(π) in nats."""
+    return float(_entropy(self.stationary))
+
+  @property
+  def entropy_rate(self) -> float:
+    """Σ_i π_i H(T_i) in nats."""
+    return float(self.stationary @ _entropy(self.transitions))
+
+  def sample(self, rng: np.random.Generator, batch_size: int, seq_len: int) -> np.ndarray:
+    """Sequences [batch_size, seq_len] int32, by inverse-CDF sampling one position at a time."""
+    vocab_size = len(self.transitions)
+    cdf = np.cumsum(self.transitions, axis=1)
+    tokens = np.empty((batch_size, seq_len), np.int32)
+    tokens[:, 0] = rng.choice(vocab_size, size=batch_size, p=self.stationary)
+    uniforms = rng.random((batch_size, seq_len - 1))
+    for t in range(1, seq_len):
+      below = (cdf[tokens[:, t - 1]] < uniforms[:, t - 1, None]).sum(axis=1)
+      tokens[:, t] = np.minimum(below, vocab_size - 1)   # a CDF ending just below 1 must not overflow
+    return tokens
+
+
+def _entropy(probs: np.ndarray) -> np.ndarray:
+  return scipy.special.entr(probs).sum(axis=-1)
+
+
+def markov_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: int, start: int = 0,
+                   seed: int = 0, concentration: float = 0.1) -> Iterator[Batch]:
+  """A `DataSource` of `MarkovChain.random(vocab_size, seed, concentration)` sequences, all weights 1.
+
+  Batch i of a split is drawn from its own generator seeded by (seed, split, i): splits share the chain
+  but not the samples, and fast-forwarding to `start` costs nothing. Holds a [V, V] matrix: small V only.
+  """
+  chain = MarkovChain.random(vocab_size, seed, concentration)
+  split_id = zlib.crc32(split.encode())
+  weights = np.ones((batch_size, seq_len), np.float32)
+  for index in itertools.count(start):
+    rng = np.random.default_rng([seed, split_id, index])
+    yield {"inputs": chain.sample(rng, batch_size, seq_len), "weights": weights}
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_size: int = 32,
+                       max_length: int = 512, seed: int = 0, data_source: DataSource = markov_batches,
+                       batch_size: int = 8, seq_len: int = 32, num_steps: int = 300,
+                       optimizer: Callable[..., optax.GradientTransformation] = make_optimizer,
+                       label_smoothing: float = 0.0, log_every: int = 50, eval_every: int = 100,
+                       eval_batches: int = 4, save_every: int = 100, keep_checkpoints: int = 3
+                       ) -> tuple[TrainState, dict[str, float]]:
+  """Trains `models.build(preset, …)` for `num_steps` steps, resuming from `model_dir`'s latest checkpoint.
+
+  `optimizer(total_steps=num_steps)` makes the optax transformation. Every `log_every` steps one line
+  (step, loss, accuracy, tokens/s, ETA); every `eval_every` steps and at the end, `evaluate` on the first
+  `eval_batches` validation batches. With a `model_dir`, a checkpoint (state, data offset, model and data
+  description) every `save_every` steps and at the end, the last `keep_checkpoints` kept; a checkpoint
+  of another model, optimizer or batch shape there raises `checkpoint.CheckpointError`.
+  Returns the final state and evaluation metrics.
+  """
+  if seq_len > max_length:
+    raise ValueError(f"seq_len ({seq_len}) exceeds the model's max_length ({max_length})")
+  model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  state = TrainState.create(model.params, optimizer(total_steps=num_steps))
+  metadata = {"model": checkpoint.model_spec(model, preset), "data": {"batch_size": batch_size, "seq_len": seq_len}}
+  data_offset, checkpoints = 0, None
+  if model_dir is not None:
+    restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
+    if restored is not None:
+      state, data_offset = restored.state, restored.data_offset
+      print(f"resumed from {model_dir} at step {int(state.step)}, data offset {data_offset}", flush=True)
+    checkpoints = checkpoint.Checkpointer(model_dir, metadata=metadata, save_every=save_every,
+                                          keep=keep_checkpoints)
+
+  def run_eval(step: int) -> dict[str, float]:
+    batches = data_source("validation", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size, start=0)
+    result = evaluate(model, state.params, itertools.islice(batches, eval_batches))
+    print(f"eval step {step}: loss {result['loss']:.4f} | acc {result['accuracy']:.4f} | "
+          f"ppl {result['perplexity']:.3f}", flush=True)
+    return result
+
+  step = first_step = int(state.step)
+  batches = data_source("train", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size, start=data_offset)
+  window, window_start, window_first = [], time.perf_counter(), first_step
+  try:
+    for step in range(first_step + 1, num_steps + 1):
+      state, metrics = train_step(state, next(batches), model, label_smoothing)
+      data_offset += 1
+      window.append(metrics)
+      if step % log_every == 0 or step == num_steps:
+        # The only host sync of the loop: metrics stay on the device between log lines.
+        window = jax.device_get(window)
+        elapsed, done = time.perf_counter() - window_start, step - window_first
+        tokens = sum(m["tokens"] for m in window)
+        loss = sum(m["loss"] * m["tokens"] for m in window) / max(tokens, 1e-9)
+        accuracy = sum(m["accuracy"] * m["tokens"] for m in window) / max(tokens, 1e-9)
+        print(f"step {step}/{num_steps} | loss {loss:.4f} | acc {accuracy:.4f} | "
+              f"{done * batch_size * seq_len / elapsed:,.0f} tok/s | "
+              f"ETA {_duration(elapsed / done * (num_steps - step))}", flush=True)
+        window, window_start, window_first = [], time.perf_counter(), step
+      if eval_every and step % eval_every == 0 and step != num_steps:
+        run_eval(step)
+      if checkpoints is not None:
+        checkpoints.save(step, state, data_offset=data_offset, force=step == num_steps)
+  finally:
+    if checkpoints is not None:
+      checkpoints.close()
+  return state, run_eval(step)

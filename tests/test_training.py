@@ -1,0 +1,228 @@
+"""Training layer: the weighted next-token loss, learning a Markov chain, exact resume, checkpoint errors,
+model export, and the gin entry point."""
+
+import functools
+import importlib.util
+import itertools
+import os
+import pathlib
+import shutil
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import models, training
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+V, L, B = 32, 32, 8
+SHAPES = dict(preset="tiny", vocab_size=V, max_length=64, batch_size=B, seq_len=L)
+OPTIMIZER = dict(learning_rate=3e-3, warmup_steps=30, decay="cosine", weight_decay=0.0)
+RESUME_STEPS, SAVE_EVERY, KILLED_AFTER = 30, 10, 25
+
+
+def _spec(path):
+  spec = importlib.util.spec_from_file_location("train_script", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+train_script = _spec(REPO_ROOT / "scripts" / "train.py")
+
+
+def _run(model_dir, num_steps, data_source=training.markov_batches, **kw):
+  return training.train_and_evaluate(
+      model_dir=None if model_dir is None else str(model_dir), num_steps=num_steps, data_source=data_source,
+      optimizer=functools.partial(training.make_optimizer, **OPTIMIZER), log_every=10, eval_every=0,
+      save_every=SAVE_EVERY, **{**SHAPES, **kw})
+
+
+def _same(a, b) -> bool:
+  return all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """A checkpointed run of RESUME_STEPS steps without interruption: (model_dir, final state)."""
+  model_dir = tmp_path_factory.mktemp("uninterrupted")
+  state, _ = _run(model_dir, RESUME_STEPS)
+  return model_dir, state
+
+
+def _copy_latest(model_dir, tmp_path):
+  copy = tmp_path / "copy"
+  shutil.copytree(model_dir, copy)
+  return copy, copy / str(max(int(p.name) for p in copy.iterdir() if p.name.isdigit()))
+
+
+def test_schedule_is_linear_warmup_then_rsqrt_or_cosine_decay():
+  rsqrt = training.learning_rate_schedule(1e-3, 10, "rsqrt", 100)
+  cosine = training.learning_rate_schedule(1e-3, 10, "cosine", 100)
+  for schedule in (rsqrt, cosine):
+    np.testing.assert_allclose([schedule(0), schedule(5), schedule(10)], [0.0, 5e-4, 1e-3], rtol=1e-6)
+  np.testing.assert_allclose(rsqrt(40), 1e-3 * np.sqrt(10 / 40), rtol=1e-6)   # lm1b: lr·√(w / (s + w))
+  np.testing.assert_allclose([cosine(55), cosine(100)], [5e-4, 0.0], atol=1e-9)
+  with pytest.raises(ValueError, match="decay"):
+    training.learning_rate_schedule(1e-3, 10, "linear", 100)
+  with pytest.raises(ValueError, match="optimizer name"):
+    training.make_optimizer(100, name="sgd")
+
+
+def test_markov_source_fast_forwards_to_any_batch():
+  kw = dict(batch_size=B, seq_len=L, vocab_size=V)
+  sixth = next(itertools.islice(training.markov_batches("train", **kw), 5, None))
+  np.testing.assert_array_equal(next(training.markov_batches("train", start=5, **kw))["inputs"], sixth["inputs"])
+  assert not np.array_equal(next(training.markov_batches("validation", start=5, **kw))["inputs"], sixth["inputs"])
+
+
+def test_tiny_model_learns_markov_chain_below_unigram_entropy():
+  chain = training.MarkovChain.random(V, seed=0, concentration=0.1)
+  _, metrics = _run(None, 300)
+  # A context-free model cannot beat H(π); the floor is the entropy rate (3.26 and 1.75 nats here).
+  assert chain.entropy_rate - 0.15 < metrics["loss"] < (chain.unigram_entropy + chain.entropy_rate) / 2
+  np.testing.assert_allclose(metrics["perplexity"], np.exp(metrics["loss"]))
+
+
+def _one_step(batch, label_smoothing=0.0):
+  model = models.build("tiny", vocab_size=V, seed=0, max_length=64)
+  state = training.TrainState.create(model.params, training.make_optimizer(300, **OPTIMIZER))
+  return model, *training.train_step(state, batch, model, label_smoothing)
+
+
+def _prefix_lm_batch():
+  """Rows of a prompt (tokens 0–9), a target (10–25) and padding (26–31): only the target counts."""
+  inputs = next(training.markov_batches("train", batch_size=B, seq_len=L, vocab_size=V))["inputs"].copy()
+  weights = np.zeros((B, L), np.float32)
+  weights[:, 10:26] = 1.0
+  return {"inputs": inputs, "weights": weights}
+
+
+def test_loss_is_weighted_cross_entropy_of_next_tokens():
+  batch = _prefix_lm_batch()
+  model, _, metrics = _one_step(batch)
+  log_probs = jax.nn.log_softmax(model.logits(jnp.asarray(batch["inputs"])))
+  # logits[:, t − 1] predicts inputs[:, t]; weights[:, t] says whether token t counts.
+  targets = np.arange(10, 26)
+  expected = -np.mean(np.take_along_axis(np.asarray(log_probs[:, targets - 1]), batch["inputs"][:, targets, None], -1))
+  np.testing.assert_allclose(metrics["loss"], expected, rtol=1e-5)
+  assert float(metrics["tokens"]) == B * 16
+
+
+def test_label_smoothing_loss_is_kl_to_the_smoothed_target():
+  batch, eps = _prefix_lm_batch(), 0.1
+  model, _, metrics = _one_step(batch, label_smoothing=eps)
+  log_probs = np.asarray(jax.nn.log_softmax(model.logits(jnp.asarray(batch["inputs"]))), np.float64)[:, 9:25]
+  soft = np.full(log_probs.shape, eps / (V - 1))
+  np.put_along_axis(soft, batch["inputs"][:, 10:26, None], 1 - eps, -1)
+  np.testing.assert_allclose(metrics["loss"], np.mean(np.sum(soft * (np.log(soft) - log_probs), -1)), rtol=1e-5)
+
+
+def test_zero_weight_positions_change_neither_loss_nor_update():
+  batch = _prefix_lm_batch()
+  padded = {**batch, "inputs": batch["inputs"].copy()}
+  padded["inputs"][:, 26:] = (padded["inputs"][:, 26:] + 7) % V     # other padding tokens: weight 0
+  retargeted = {**batch, "inputs": batch["inputs"].copy()}
+  retargeted["inputs"][:, 20] = (retargeted["inputs"][:, 20] + 7) % V  # another target: weight 1
+  _, state, metrics = _one_step(batch)
+  _, padded_state, padded_metrics = _one_step(padded)
+  _, retargeted_state, retargeted_metrics = _one_step(retargeted)
+  assert _same(padded_metrics, metrics) and _same(padded_state.params, state.params)
+  assert float(retargeted_metrics["loss"]) != float(metrics["loss"])
+  assert not _same(retargeted_state.params, state.params)
+
+
+class Killed(Exception):
+  """The process dies while fetching a batch."""
+
+
+def _killed_after(n_batches):
+  def data_source(split, **kw):
+    batches = training.markov_batches(split, **kw)
+    if split != "train":
+      return batches
+
+    def dying():
+      yield from itertools.islice(batches, n_batches)
+      raise Killed
+    return dying()
+  return data_source
+
+
+def test_resume_after_kill_reproduces_uninterrupted_run_bitwise(uninterrupted, tmp_path):
+  reference_dir, reference = uninterrupted
+  with pytest.raises(Killed):
+    _run(tmp_path, RESUME_STEPS, data_source=_killed_after(KILLED_AFTER))
+  assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [10, 20]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), reference)
+  assert training.restore_latest(str(tmp_path), abstract).data_offset == 20
+  # Nothing survives in memory: the resumed run rebuilds everything and reads the checkpoint at step 20.
+  resumed, _ = _run(tmp_path, RESUME_STEPS)
+  assert int(resumed.step) == RESUME_STEPS
+  assert _same(resumed.params, reference.params) and _same(resumed.opt_state, reference.opt_state)
+  restored = training.restore_latest(str(reference_dir), abstract)
+  assert restored.data_offset == RESUME_STEPS and _same(restored.state.params, reference.params)
+
+
+@pytest.mark.parametrize("damage", ["truncate largest array file", "delete state manifest", "delete metadata"])
+def test_damaged_checkpoint_raises(uninterrupted, tmp_path, damage):
+  model_dir, reference = uninterrupted
+  copy, step_dir = _copy_latest(model_dir, tmp_path)
+  if damage == "truncate largest array file":
+    victim = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    os.truncate(victim, victim.stat().st_size // 2)
+  elif damage == "delete state manifest":
+    (step_dir / "state" / "manifest.ocdbt").unlink()
+  else:
+    (step_dir / "meta" / "metadata").unlink()
+  with pytest.raises(training.CheckpointError, match="corrupt or incomplete"):
+    training.restore_latest(str(copy), reference)
+  with pytest.raises(training.CheckpointError):
+    _run(copy, RESUME_STEPS)
+
+
+def test_checkpoint_of_another_preset_or_batch_shape_raises(uninterrupted, tmp_path):
+  model_dir, reference = uninterrupted
+  other = jax.eval_shape(functools.partial(models.build, "2m", vocab_size=V, max_length=64))
+  other_state = jax.eval_shape(training.TrainState.create, other.params, training.make_optimizer(300, **OPTIMIZER))
+  with pytest.raises(training.CheckpointError, match="model.preset is 'tiny' there, '2m' here"):
+    training.restore_latest(str(model_dir), other_state, expected={"model": training.model_spec(other, "2m")})
+  with pytest.raises(training.CheckpointError, match="does not fit the state"):
+    training.restore_latest(str(model_dir), other_state)
+  copy, _ = _copy_latest(model_dir, tmp_path)
+  with pytest.raises(training.CheckpointError, match="data.batch_size is 8 there, 4 here"):
+    _run(copy, RESUME_STEPS, batch_size=4)
+
+
+def test_exported_model_gives_identical_logits(uninterrupted, tmp_path):
+  _, reference = uninterrupted
+  model = models.with_params(models.build("tiny", vocab_size=V, max_length=64), reference.params)
+  tokens = jnp.asarray(_prefix_lm_batch()["inputs"])
+  logits = jax.jit(lambda m, t: m.logits(t))
+  training.save_params(str(tmp_path / "f32"), model, preset="tiny")
+  loaded = training.load_model(str(tmp_path / "f32"))
+  assert loaded.config == model.config
+  np.testing.assert_array_equal(logits(loaded, tokens), logits(model, tokens))
+  # A bfloat16 export loads back as float32 holding exactly the rounded values.
+  rounded = model.replace(params=training.cast_params(model.params, jnp.bfloat16))
+  training.save_params(str(tmp_path / "bf16"), rounded)
+  loaded = training.load_model(str(tmp_path / "bf16"))
+  assert _same(loaded.params, training.cast_params(rounded.params, jnp.float32))
+  np.testing.assert_allclose(logits(loaded, tokens), logits(model, tokens), atol=0.1)
+  (tmp_path / "bf16" / "model.json").unlink()
+  with pytest.raises(training.CheckpointError, match="not an exported model"):
+    training.load_model(str(tmp_path / "bf16"))
+
+
+def test_gin_train_runs_tiny_synthetic_with_binding_override(tmp_path):
+  gin.clear_config()
+  try:
+    state, metrics = train_script.main([
+        "--gin_file=configs/train/tiny_synthetic.gin", "--gin_bindings=train.num_steps = 20",
+        f"--gin_bindings=train.model_dir = '{tmp_path}'"])
+  finally:
+    gin.clear_config()
+  assert int(state.step) == 20 and np.isfinite(metrics["loss"])
+  assert (tmp_path / "20").is_dir() and "train.num_steps = 20" in (tmp_path / "config.gin").read_text()
