@@ -149,8 +149,11 @@ def speculative(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
       deferred = targets.deferral(rule, q_raw=drafted.q_raw, p_raw=p_raw, q=drafted.q, p=p, alpha=alpha)
     else:  # the verifier moved mass: π ≠ q beyond float noise (lossy_tuned's β* is a bisection)
       deferred = jnp.any(jnp.abs(pi - drafted.q) > 1e-6, axis=-1)
+    # NaN logits can vanish from π (a comparison with NaN is False: token rules then give π = q), so
+    # the loop checks the logits, not only verify_block's flag.
+    failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafted.q)
     return _commit(state.replace(key=key), drafted, verifier_cache, n_accepted, next_token, deferred,
-                   n_accepted < 0, max_new_tokens=max_new_tokens, eos_id=eos_id)
+                   failed, max_new_tokens=max_new_tokens, eos_id=eos_id)
 
   return _loop(key, drafter, verifier, prompts, prompt_lengths, block, gamma=gamma,
                max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)
