@@ -14,8 +14,11 @@ setup(
         "lz4>=4",
         "numpy>=1.26",
         "scipy>=1.11",
+        "sentencepiece>=0.2",
     ],
     extras_require={
         "test": ["pytest>=8"],
+        # seqio/tfds tasks and the seqio vocabulary adapter (TensorFlow, ~800 MB download)
+        "seqio": ["seqio>=0.0.20"],
     },
 )

@@ -1,8 +1,8 @@
 """Trains the shared English+German SentencePiece vocabulary shipped in data/vocab/.
 
 Usage, after `apt-get -o Acquire::Languages=en,de update` (as root) has fetched the lists:
-  python scripts/train_vocab.py                              # writes data/vocab/debian_en_de_8192.{model,vocab}
-  python scripts/train_vocab.py --compare 4096 16384 32768   # also measures other sizes (not written)
+  python scripts/train_vocab.py                             # data/vocab/debian_en_de_8192.{model,vocab}
+  python scripts/train_vocab.py --compare 4096 16384 32768  # also measures other sizes (not written)
 
 Corpus: the train splits of `specdec.data.debian` only (validation and test text is never seen): the
 synopsis task's documents and summaries, the LM paragraphs, and both sides of the en-de pairs
@@ -28,18 +28,20 @@ import sentencepiece as spm
 
 from specdec.data import debian, vocab
 
-SEED = 0
-NUM_THREADS = 2  # part of the result: EM's expected counts are summed per thread
-INPUT_SENTENCE_SIZE = 2_000_000  # above the ~190k distinct lines of the full corpus: all are used
+SEED = 0  # SentencePiece samples sentences with it once the corpus outgrows input_sentence_size
 TRAINER_OPTIONS = dict(
     model_type="unigram",
-    character_coverage=0.9995,  # rarer characters (CJK, symbols in a few descriptions) use byte fallback
+    # Characters of the corpus by frequency: the top 0.99995 of occurrences are Latin letters, digits,
+    # ASCII and typographic punctuation (— “ ” ’); the rest (~170 of ~280 distinct: CJK, Greek,
+    # accented letters seen a few times) fall back to UTF-8 bytes rather than taking pieces. German
+    # letters are pieces whatever their count (capital Ö occurs 39 times in the train text).
+    character_coverage=0.99995,
+    required_chars="äöüÄÖÜß",
     byte_fallback=True,
     normalization_rule_name="nmt_nfkc",
     pad_id=0, eos_id=1, unk_id=2, bos_id=-1,  # T5's ids
-    input_sentence_size=INPUT_SENTENCE_SIZE,
-    shuffle_input_sentence=True,
-    num_threads=NUM_THREADS,
+    input_sentence_size=2_000_000,  # above the ~190k distinct lines of the full corpus: all are used
+    num_threads=2,  # part of the result: EM's expected counts are summed per thread
     minloglevel=1,
 )
 ENGLISH_FIELDS = {"debian_synopsis": ("document", "summary"), "debian_lm": ("text",),
@@ -112,6 +114,7 @@ def main() -> None:
         f"(before line deduplication: en {words['en']}, de {words['de']} words)")
   print(f"validation: en {len(held_out['en'])} texts, de {len(held_out['de'])} texts")
 
+  prefix = Path(args.out) / f"debian_en_de_{args.vocab_size}"
   print("| vocab size | tokens/word en | tokens/word de | byte-fallback tokens en / de | train s |")
   print("|---|---|---|---|---|")
   for vocab_size in sorted({args.vocab_size, *args.compare}):
@@ -121,11 +124,10 @@ def main() -> None:
     (en, en_bytes), (de, de_bytes) = measure(model, held_out["en"]), measure(model, held_out["de"])
     print(f"| {vocab_size} | {en:.3f} | {de:.3f} | {en_bytes:.3%} / {de_bytes:.3%} | {seconds:.0f} |")
     if vocab_size == args.vocab_size:
-      prefix = Path(args.out) / f"debian_en_de_{vocab_size}"
       prefix.parent.mkdir(parents=True, exist_ok=True)
       prefix.with_suffix(".model").write_bytes(model)
       prefix.with_suffix(".vocab").write_text(vocab_listing(model), encoding="utf-8")
-      print(f"wrote {prefix}.model and {prefix}.vocab")
+  print(f"wrote {prefix}.model and {prefix}.vocab")
 
 
 if __name__ == "__main__":
