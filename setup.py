@@ -10,9 +10,12 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "flax>=0.10",
+        "gin-config>=0.5",
         "jax>=0.4.30",
         "lz4>=4",
         "numpy>=1.26",
+        "optax>=0.2",
+        "orbax-checkpoint>=0.11",
         "scipy>=1.11",
         "sentencepiece>=0.2",
     ],

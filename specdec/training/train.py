@@ -7,10 +7,10 @@ Loss convention (decoder-only LM, teacher forcing). A batch is
   {'inputs': [B, L] int32 tokens, 'weights': [B, L] float}
 and `model.logits(inputs)[:, t]` predicts `inputs[:, t+1]` (the model does not shift its inputs), so the
 loss is the cross-entropy of logits[:, :-1] against targets inputs[:, 1:], weighted by weights[:, 1:]:
-`weights[b, t]` says whether token t of row b counts as a target. Padding, the prompt of a prefix-LM
-example ("summarize: … synopsis:") and the first token of each packed document get weight 0;
-weights[:, 0] is never used (nothing predicts the first token). The model has no segment ids: packed
-documents attend to the ones before them in their row.
+`weights[b, t]` says whether token t of row b counts as a target. Padding and the prompt of a prefix-LM
+example ("summarize: … synopsis:") get weight 0; weights[:, 0] is never used (nothing predicts the first
+token). The model has no segment ids: packed documents attend to the ones before them in their row, and
+a document's first token is predicted from them unless its weight is 0.
 """
 
 from __future__ import annotations
@@ -49,9 +49,13 @@ class TrainState:
 
   @classmethod
   def create(cls, params: Any, tx: optax.GradientTransformation) -> TrainState:
+    """Step 0: a copy of `params` and `tx`'s initial state."""
     # A copy: `train_step` donates the state's buffers, and the model's own parameters must outlive them.
     params = jax.tree.map(jnp.copy, params)
-    return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), tx=tx)
+    state = cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), tx=tx)
+    # Committed to the default device, as a restored checkpoint is: jit keys on commitment, and a fresh
+    # and a resumed state then share one compiled step.
+    return jax.device_put(state, jax.devices()[0])
 
 
 def learning_rate_schedule(learning_rate: float, warmup_steps: int, decay: str,
@@ -60,7 +64,8 @@ def learning_rate_schedule(learning_rate: float, warmup_steps: int, decay: str,
   end of warmup) or 'cosine' (to 0 at `total_steps`)."""
   if decay == "rsqrt":
     shift = max(warmup_steps, 1)
-    after = lambda count: learning_rate * jnp.sqrt(shift / (count + shift))
+    # join_schedules evaluates every piece at every step: clamp the counts before the boundary.
+    after = lambda count: learning_rate * jnp.sqrt(shift / (jnp.maximum(count, 0) + shift))
   elif decay == "cosine":
     after = optax.cosine_decay_schedule(learning_rate, max(total_steps - warmup_steps, 1))
   else:
@@ -75,19 +80,42 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-# Memoised: a transformation is stateless, and `train_step` holds it as static data of the state, so
-# equal settings sharing one object compile the step once instead of once per call (resumes, sweeps).
-@functools.cache
+def _scaled_weight_decay(schedule: optax.Schedule, rate: float) -> optax.GradientTransformation:
+  """Adds −schedule(t)·rate·p to the updates of `_decay_mask`'s parameters: AdamW's decoupled weight
+  decay, which scales with the learning rate (optax.adafactor's weight_decay_rate does not)."""
+  def init_fn(params):
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params):
+    step_size = schedule(state.count) * rate
+    updates = jax.tree.map(lambda u, p, decayed: u - step_size * p if decayed else u,
+                           updates, params, _decay_mask(params))
+    return updates, optax.ScaleByScheduleState(count=optax.safe_int32_increment(state.count))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(total_steps: int, *, name: str = "adamw", learning_rate: float = 0.0016,
                    warmup_steps: int = 1000, decay: str = "rsqrt",
                    weight_decay: float = 0.1) -> optax.GradientTransformation:
   """AdamW (lm1b's β1 = 0.9, β2 = 0.98, ε = 1e-9) or Adafactor (optax defaults; its learning rate is
-  relative to each parameter's scale), with `learning_rate_schedule`'s warmup and decay."""
+  relative to each parameter's scale), with `learning_rate_schedule`'s warmup and decay. Both decay
+  matrices and embeddings by learning_rate(t)·weight_decay of their value per step."""
+  return _make_optimizer(total_steps, name, learning_rate, warmup_steps, decay, weight_decay)
+
+
+# Memoised: a transformation is stateless, and `train_step` holds it as static data of the state, so
+# equal settings sharing one object compile the step once instead of once per call (resumes, sweeps).
+@functools.cache
+def _make_optimizer(total_steps: int, name: str, learning_rate: float, warmup_steps: int, decay: str,
+                    weight_decay: float) -> optax.GradientTransformation:
   schedule = learning_rate_schedule(learning_rate, warmup_steps, decay, total_steps)
   if name == "adamw":
     return optax.adamw(schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=weight_decay, mask=_decay_mask)
   if name == "adafactor":
-    return optax.adafactor(schedule, weight_decay_rate=weight_decay or None, weight_decay_mask=_decay_mask)
+    if not weight_decay:
+      return optax.adafactor(schedule)
+    return optax.chain(optax.adafactor(schedule), _scaled_weight_decay(schedule, weight_decay))
   raise ValueError(f"optimizer name must be 'adamw' or 'adafactor'; got {name!r}")
 
 
@@ -254,7 +282,8 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
     raise ValueError(f"seq_len ({seq_len}) exceeds the model's max_length ({max_length})")
   model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   state = TrainState.create(model.params, optimizer(total_steps=num_steps))
-  metadata = {"model": checkpoint.model_spec(model, preset), "data": {"batch_size": batch_size, "seq_len": seq_len}}
+  metadata = {"model": checkpoint.model_spec(model, preset),
+              "data": {"batch_size": batch_size, "seq_len": seq_len}}
   data_offset, checkpoints = 0, None
   if model_dir is not None:
     restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
@@ -280,7 +309,7 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
       data_offset += 1
       window.append(metrics)
       if step % log_every == 0 or step == num_steps:
-        # The only host sync of the loop: metrics stay on the device between log lines.
+        # Metrics stay on the device until a log line: no host round trip per step.
         window = jax.device_get(window)
         elapsed, done = time.perf_counter() - window_start, step - window_first
         tokens = sum(m["tokens"] for m in window)
