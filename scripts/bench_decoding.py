@@ -15,25 +15,14 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec import decoding, models, theory
-
-
-def _seconds(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+from specdec.evaluation.timing import median_seconds
 
 
 def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
@@ -41,7 +30,7 @@ def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
   _, cache = model.score(cache, jnp.ones((1, prefix), jnp.int32))
   score = jax.jit(lambda m, c, t: m.score(c, t)[0])
   tokens = jnp.ones((1, n), jnp.int32)
-  return _seconds(lambda: score(model, cache, tokens), repeats)
+  return median_seconds(lambda: score(model, cache, tokens), repeats=repeats)
 
 
 def main() -> None:
@@ -75,12 +64,12 @@ def main() -> None:
         f"{args.tokens} new tokens, prompt {args.prompt}")
   print(f"one decode step: drafter {t1['small'] * 1e3:.2f} ms, verifier {t1['large'] * 1e3:.2f} ms, "
         f"c = {c:.3f}")
-  t_ar = _seconds(lambda: run(None, large, "autoregressive").tokens, args.repeats)
+  t_ar = median_seconds(lambda: run(None, large, "autoregressive").tokens, repeats=args.repeats)
   print(f"autoregressive verifier: {t_ar * 1e3:.1f} ms ({t_ar / args.tokens * 1e3:.2f} ms/token)")
   for gamma in args.gamma:
     c_gamma = _score_seconds(large, gamma + 1, args.prompt, 20) / t1["large"]
     same = run(large, large, "speculative", gamma)
-    t_same = _seconds(lambda: run(large, large, "speculative", gamma).tokens, args.repeats)
+    t_same = median_seconds(lambda: run(large, large, "speculative", gamma).tokens, repeats=args.repeats)
     assert int(same.stats.rejected[0]) == 0
     predicted_same = (gamma + 1) / ((gamma + 1) * 1.0 + c_gamma)
     print(f"gamma={gamma}: verifier scoring gamma+1 tokens costs {c_gamma:.2f}x one token")
@@ -88,7 +77,7 @@ def main() -> None:
           f"predicted from measured costs, {theory.walltime_improvement(1.0, gamma, 1.0):.2f}x by "
           f"walltime_improvement(1, gamma, c=1)")
     mixed = run(small, large, "speculative", gamma)
-    t_mixed = _seconds(lambda: run(small, large, "speculative", gamma).tokens, args.repeats)
+    t_mixed = median_seconds(lambda: run(small, large, "speculative", gamma).tokens, repeats=args.repeats)
     s = jax.tree.map(lambda x: float(x[0]), mixed.stats)
     alpha = s.accepted / s.drafted  # per-token acceptance rate of this run
     refined = theory.expected_tokens_per_call(min(alpha, 0.999999), gamma) / ((gamma + 1) * c + c_gamma)

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,18 +21,9 @@ import numpy as np
 
 from specdec import models
 from specdec.models import base
+from specdec.evaluation.timing import median_seconds
 
 GAMMAS = (1, 3, 5, 7)
-
-
-def _median_seconds(fn, *args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))  # compile + warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 
 def _cpu_name() -> str:
@@ -56,7 +45,7 @@ def _score_seconds(model, context: int, n_values: tuple[int, ...], repeats: int)
   prompt = jnp.asarray(rng.integers(0, model.vocab_size, size=(1, context + 1)), jnp.int32)
   cache = model.init_cache(1, context + 1 + max(n_values))
   _, cache = jax.jit(base.prefill)(model, cache, prompt, jnp.array([context + 1], jnp.int32))
-  return {n: _median_seconds(_score_logits, model, cache, prompt[:, :n], repeats=repeats) for n in n_values}
+  return {n: median_seconds(_score_logits, model, cache, prompt[:, :n], repeats=repeats) for n in n_values}
 
 
 def main() -> None:

@@ -8,24 +8,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 from specdec import sampling, targets, verify
-
-
-def _median_seconds(fn, *args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))  # compile + warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+from specdec.evaluation.timing import median_seconds
 
 
 def main() -> None:
@@ -64,10 +53,10 @@ def main() -> None:
   def separate(key, drafts, logits_q, logits_p, temperature, alpha):
     return rule_and_verify_jit(key, drafts, *transforms_jit(logits_q, logits_p, temperature), alpha)
 
-  t_softmax = _median_seconds(softmax, logits_p, repeats=args.repeats)
-  t_verify = _median_seconds(kernel, kv, drafts, q, pi, repeats=args.repeats)
-  t_fused = _median_seconds(fused, kv, drafts, logits_q, logits_p, 1.0, 0.3, repeats=args.repeats)
-  t_separate = _median_seconds(separate, kv, drafts, logits_q, logits_p, 1.0, 0.3, repeats=args.repeats)
+  t_softmax = median_seconds(softmax, logits_p, repeats=args.repeats)
+  t_verify = median_seconds(kernel, kv, drafts, q, pi, repeats=args.repeats)
+  t_fused = median_seconds(fused, kv, drafts, logits_q, logits_p, 1.0, 0.3, repeats=args.repeats)
+  t_separate = median_seconds(separate, kv, drafts, logits_q, logits_p, 1.0, 0.3, repeats=args.repeats)
 
   print(f"machine: {platform.machine()} {platform.processor() or ''} | {jax.devices()[0].device_kind} | "
         f"jax {jax.__version__} | python {platform.python_version()}")

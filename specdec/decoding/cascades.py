@@ -12,7 +12,7 @@ from flax import struct
 from specdec import sampling, targets, verify
 from specdec.decoding import common
 from specdec.decoding.autoregressive import autoregressive
-from specdec.models.base import Cache, Model, prefill, rollback
+from specdec.models.base import Model, rollback
 
 Array = jax.Array
 
@@ -23,28 +23,10 @@ _CATCH_UP_WIDTHS = (1, 4, MAX_DRAFTER_RUN + 1)
 
 
 @struct.dataclass
-class _PairState:
-  key: Array
-  drafter_cache: Cache
-  verifier_cache: Cache
-  last: Array              # [B] last emitted token, in neither cache yet
-  emitted: common.Emitted
-  stats: common.Stats
-
-
-@struct.dataclass
-class _CascadeState(_PairState):
+class _CascadeState(common.PairState):
   pending: Array           # [B, MAX_DRAFTER_RUN] tokens in the drafter's cache, not yet the verifier's
   n_pending: Array         # [B]
   run: Array               # [B] drafter tokens since the row last deferred (TokenCascade's cap)
-
-
-def _start(key, drafter, verifier, prompts, prompt_lengths, cache_length, max_new_tokens) -> dict:
-  batch = prompts.shape[0]
-  last, drafter_cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
-  _, verifier_cache = prefill(verifier, verifier.init_cache(batch, cache_length), prompts, prompt_lengths)
-  return dict(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
-              emitted=common.Emitted.empty(batch, max_new_tokens, slack=1), stats=common.Stats.zeros(batch))
 
 
 def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
@@ -57,7 +39,7 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
   """
   batch = prompts.shape[0]
 
-  def body(state: _PairState) -> _PairState:
+  def body(state: common.PairState) -> common.PairState:
     key, step_key = jax.random.split(state.key)
     q_logits, drafter_cache = drafter.score(state.drafter_cache, state.last[:, None])
     p_logits, verifier_cache = verifier.score(state.verifier_cache, state.last[:, None])
@@ -78,7 +60,8 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
     return state.replace(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=token,
                          emitted=emitted, stats=stats)
 
-  start = _PairState(**_start(key, drafter, verifier, prompts, prompt_lengths, cache_length, max_new_tokens))
+  start = common.PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length=cache_length,
+                                 max_new_tokens=max_new_tokens, slack=1)
   end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)
   return common.finish(end.emitted, end.stats, max_new_tokens)
 
@@ -144,10 +127,10 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
         n_pending=jnp.where(synced, 0, state.n_pending + live), run=jnp.where(defers, 0, state.run + live),
         emitted=emitted, stats=stats)
 
-  start = _CascadeState(**_start(key, drafter, verifier, prompts, prompt_lengths, cache_length,
-                                 max_new_tokens),
-                        pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
-                        n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
+  start = _CascadeState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length=cache_length,
+                              max_new_tokens=max_new_tokens, slack=1,
+                              pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
+                              n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
   end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)
   return common.finish(end.emitted, end.stats, max_new_tokens)
 

@@ -8,7 +8,7 @@ import numpy as np
 from flax import struct
 
 from specdec import checks, sampling
-from specdec.models.base import Model
+from specdec.models.base import Cache, Model, prefill
 
 Array = jax.Array
 
@@ -60,6 +60,27 @@ class Emitted:
     return cls(tokens=jnp.zeros((batch_size, max_new_tokens + slack), jnp.int32),
                n_generated=jnp.zeros((batch_size,), jnp.int32),
                done=jnp.zeros((batch_size,), bool), failed=jnp.zeros((batch_size,), bool))
+
+
+@struct.dataclass
+class PairState:
+  """Loop state of a drafter/verifier loop: both caches hold the committed tokens but the last one."""
+  key: Array
+  drafter_cache: Cache
+  verifier_cache: Cache
+  last: Array              # [B] last emitted token, in neither cache yet
+  emitted: Emitted
+  stats: Stats
+
+  @classmethod
+  def start(cls, key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
+            cache_length: int, max_new_tokens: int, slack: int, **extra) -> "PairState":
+    """Both models prefilled with the prompts; `extra` fills a subclass's own fields."""
+    batch = prompts.shape[0]
+    last, drafter_cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
+    _, verifier_cache = prefill(verifier, verifier.init_cache(batch, cache_length), prompts, prompt_lengths)
+    return cls(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
+               emitted=Emitted.empty(batch, max_new_tokens, slack), stats=Stats.zeros(batch), **extra)
 
 
 def emit(emitted: Emitted, block: Array, count: Array, *, max_new_tokens: int, eos_id: int | None,

@@ -15,19 +15,9 @@ from flax import struct
 
 from specdec import sampling, targets, verify
 from specdec.decoding import common
-from specdec.models.base import Cache, Model, prefill, rollback
+from specdec.models.base import Cache, Model, rollback
 
 Array = jax.Array
-
-
-@struct.dataclass
-class _State:
-  key: Array
-  drafter_cache: Cache
-  verifier_cache: Cache
-  last: Array                 # [B] last emitted token, in neither cache yet
-  emitted: common.Emitted
-  stats: common.Stats
 
 
 @struct.dataclass
@@ -90,8 +80,8 @@ def draft(key: Array, drafter: Model, cache: Cache, last: Array, *, max_drafts: 
   return Draft(tokens=end.tokens, q=end.q, q_raw=end.q_raw, n_drafted=end.n_drafted, cache=end.cache)
 
 
-def _commit(state: _State, drafted: Draft, verifier_cache: Cache, n_accepted: Array, next_token: Array,
-            deferred: Array, failed: Array, *, max_new_tokens: int, eos_id: int | None) -> _State:
+def _commit(state: common.PairState, drafted: Draft, verifier_cache: Cache, n_accepted: Array, next_token: Array,
+            deferred: Array, failed: Array, *, max_new_tokens: int, eos_id: int | None) -> common.PairState:
   """Emits d_1 … d_a, next_token; rolls both caches back to the committed length; counts.
 
   `failed` [B] marks rows NaN reached (verify_block's −1 flag): they stop, flagged, emitting nothing.
@@ -116,12 +106,8 @@ def _commit(state: _State, drafted: Draft, verifier_cache: Cache, n_accepted: Ar
 
 def _loop(key, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, block_fn, *,
           gamma: int, max_new_tokens: int, eos_id: int | None, cache_length: int) -> common.Output:
-  batch = prompts.shape[0]
-  last, drafter_cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
-  _, verifier_cache = prefill(verifier, verifier.init_cache(batch, cache_length), prompts, prompt_lengths)
-  start = _State(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
-                 emitted=common.Emitted.empty(batch, max_new_tokens, slack=gamma + 1),
-                 stats=common.Stats.zeros(batch))
+  start = common.PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length=cache_length,
+                                 max_new_tokens=max_new_tokens, slack=gamma + 1)
   end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), block_fn, start)
   return common.finish(end.emitted, end.stats, max_new_tokens)
 
@@ -134,7 +120,7 @@ def speculative(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   The bonus position γ uses π_γ = T(q_γ, p_γ) too, except for the lossy rules, whose bonus is drawn
   from p as in Tran-Thien (DESIGN, pitfalls). `deferred` counts emitted positions where π_j ≠ q_j.
   """
-  def block(state: _State) -> _State:
+  def block(state: common.PairState) -> common.PairState:
     key, key_draft, key_verify = jax.random.split(state.key, 3)
     drafted = draft(key_draft, drafter, state.drafter_cache, state.last, max_drafts=gamma,
                     temperature=temperature, top_p=top_p, top_k=top_k)
@@ -174,7 +160,7 @@ def bild(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_len
   def confident(q_raw_j):
     return jnp.max(q_raw_j, axis=-1) >= 1.0 - fallback_alpha
 
-  def block(state: _State) -> _State:
+  def block(state: common.PairState) -> common.PairState:
     key, key_draft, key_next = jax.random.split(state.key, 3)
     drafted = draft(key_draft, drafter, state.drafter_cache, state.last, max_drafts=gamma,
                     temperature=temperature, top_p=top_p, top_k=top_k, keep_drafting=confident)
