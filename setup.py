@@ -13,14 +13,20 @@ setup(
         "gin-config>=0.5",
         "jax>=0.4.30",
         "lz4>=4",
+        "matplotlib>=3.8",
         "numpy>=1.26",
         "optax>=0.2",
         "orbax-checkpoint>=0.11",
+        "rouge-score>=0.1.2",
+        "sacrebleu>=2.4",
         "scipy>=1.11",
         "sentencepiece>=0.2",
+        "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        # torch/transformers/safetensors: the independent T5 implementation the import tests compare with.
+        # torch==2.13.0 is the CPU build on the machines' local index; a bare "torch" pulls CUDA packages.
+        "test": ["pytest>=8", "safetensors>=0.4", "torch==2.13.0", "transformers>=4.45"],
         # seqio/tfds tasks and the seqio vocabulary adapter (TensorFlow, ~800 MB download)
         "seqio": ["seqio>=0.0.20"],
     },

@@ -3,8 +3,9 @@
   python scripts/train.py --gin_file=configs/train/tiny_synthetic.gin \
       --gin_bindings="train.num_steps = 100" --gin_bindings="train.model_dir = '/tmp/tiny'"
 
-`train` is `specdec.training.train_and_evaluate`; `make_optimizer` and `markov_batches` (the synthetic
-data source) are configurable too. It resumes from the latest checkpoint in `train.model_dir` and writes
+`train` is `specdec.training.train_and_evaluate`; `make_optimizer`, the data sources `markov_batches`
+(synthetic) and `prefix_lm_batches` (the local Debian tasks, `specdec.data.tasks`) and `export` (the
+trained parameters as a model directory for `checkpoint.load_model`, e.g. in bfloat16) are configurable too. It resumes from the latest checkpoint in `train.model_dir` and writes
 the gin config it ran with there (config.gin). Gin files and their includes are looked up from the
 working directory, then from the repository root.
 """
@@ -17,13 +18,30 @@ import pathlib
 
 import gin
 
-from specdec import training
+import jax.numpy as jnp
+
+from specdec import models, training
+from specdec.data import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 train = gin.configurable("train")(training.train_and_evaluate)
 gin.external_configurable(training.make_optimizer, "make_optimizer")
 gin.external_configurable(training.markov_batches, "markov_batches")
+gin.external_configurable(tasks.prefix_lm_batches, "prefix_lm_batches")
+
+
+@gin.configurable
+def export(state: training.TrainState, *, path: str | None = None, dtype: str = "bfloat16") -> None:
+  """Writes the trained parameters, cast to `dtype`, as a model directory (`checkpoint.save_params`)."""
+  if path is None:
+    return
+  preset = gin.query_parameter("train.preset")
+  model = models.build(preset, vocab_size=gin.query_parameter("train.vocab_size"),
+                       max_length=gin.query_parameter("train.max_length"))
+  model = model.replace(params=training.cast_params(state.params, getattr(jnp, dtype)))
+  training.save_params(path, model, preset=preset)
+  print(f"exported {preset} ({models.count_params(model):,} parameters, {dtype}) to {path}", flush=True)
 
 
 def parse_gin(gin_files: list[str], gin_bindings: list[str]) -> None:
@@ -43,7 +61,9 @@ def main(argv: list[str] | None = None):
   if model_dir:
     os.makedirs(model_dir, exist_ok=True)
     pathlib.Path(model_dir, "config.gin").write_text(gin.config_str())
-  return train()
+  state, metrics = train()
+  export(state)
+  return state, metrics
 
 
 if __name__ == "__main__":

@@ -2,14 +2,29 @@
 
 Presets are the lm1b-style decoder-only transformers of SpecTr's LM1B experiment (§8, Table 4): a 6M
 drafter, its halved (2M) and doubled (20M) variants (layers, embedding, MLP and heads all ×½ or ×2),
-and the 97M target. Parameters at vocab_size 32000, shared input/output embedding (V·E of each total):
+and the 97M target; 15m is the 20m with a 1024-wide MLP, the verifier of the shipped Debian pair (8.4M
+parameters at the shipped vocabulary's 8192, 17 MB in bf16; its drafter is the 2m, 0.69M).
+Parameters at vocab_size 32000, shared input/output embedding (V·E of each total):
 
   preset  emb  layers  heads  mlp    parameters
   tiny     32     2      2      64    1,040,896  (for tests; 16,896 without the embedding)
   2m       64     2      2     512    2,213,632
   6m      128     4      4    1024    5,413,632
+  15m     256     8      8    1024   14,502,400
   20m     256     8      8    2048   18,704,896
   97m     768    10     12    3072   95,425,536
+
+Presets named "t5_…" build the encoder-decoder `t5.T5` (T5 v1.1, models/t5.py), whose prompt is its
+encoder input. Sizes are T5 v1.1's (HF google/t5-v1_1-*) plus two for tests and the CPU; parameters at
+T5's vocab_size 32128 (untied input and output embeddings, 2·V·E of each total):
+
+  preset    emb  layers(enc+dec)  heads  d_kv  mlp    parameters
+  t5_tiny    32      2+2            2     16     64     2,105,856  (for tests; 49,664 without embeddings)
+  t5_mini   128      4+4            4     32    256     9,800,704
+  t5_small  512      8+8            6     64   1024    76,961,152
+  t5_base   768     12+12          12     64   2048   247,577,856
+  t5_large 1024     24+24          16     64   2816   783,150,080
+  t5_xl    2048     24+24          32     64   5120 2,849,757,184
 """
 
 from __future__ import annotations
@@ -20,22 +35,27 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specdec.models import base
+from specdec.models import base, t5
+from specdec.models.t5 import T5, T5Config
 from specdec.models.transformer import TransformerConfig, TransformerLM, init
 
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(emb_dim=32, num_layers=2, num_heads=2, qkv_dim=32, mlp_dim=64),
     "2m": dict(emb_dim=64, num_layers=2, num_heads=2, qkv_dim=64, mlp_dim=512),
     "6m": dict(emb_dim=128, num_layers=4, num_heads=4, qkv_dim=128, mlp_dim=1024),
+    "15m": dict(emb_dim=256, num_layers=8, num_heads=8, qkv_dim=256, mlp_dim=1024),
     "20m": dict(emb_dim=256, num_layers=8, num_heads=8, qkv_dim=256, mlp_dim=2048),
     "97m": dict(emb_dim=768, num_layers=10, num_heads=12, qkv_dim=768, mlp_dim=3072),
 }
 
 
-def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 512) -> TransformerLM:
-  """A randomly initialised model of a preset; load trained parameters with `with_params`."""
+def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 512) -> TransformerLM | T5:
+  """A randomly initialised model of a preset (a `T5` for "t5_…" presets); load trained parameters with
+  `with_params` (T5 checkpoints: `specdec.training.convert`)."""
+  if preset in t5.PRESETS:
+    return t5.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   if preset not in PRESETS:
-    raise ValueError(f"unknown model preset {preset!r}; known presets: {', '.join(PRESETS)}")
+    raise ValueError(f"unknown model preset {preset!r}; known presets: {', '.join([*PRESETS, *t5.PRESETS])}")
   config = TransformerConfig(vocab_size=vocab_size, max_len=max_length, **PRESETS[preset])
   return init(config, jax.random.PRNGKey(seed))
 
@@ -71,4 +91,5 @@ def with_params(model: Any, params: Any) -> Any:
   return model.replace(params=jax.tree_util.tree_unflatten(treedef, leaves))
 
 
-__all__ = ["PRESETS", "TransformerConfig", "TransformerLM", "base", "build", "count_params", "with_params"]
+__all__ = ["PRESETS", "T5", "T5Config", "TransformerConfig", "TransformerLM", "base", "build", "count_params", "t5",
+           "with_params"]

@@ -172,9 +172,14 @@ def load_model(path: str) -> transformer.TransformerLM:
     raise CheckpointError(f"{path} is not an exported model: its {_MODEL_JSON} is missing or invalid ({e})") from e
   # Shapes only: the structure to check against, without initialising random weights.
   abstract = jax.eval_shape(functools.partial(transformer.init, config), jax.random.PRNGKey(0))
+  # Restored onto this process's first device whatever device saved it (a GPU-trained export loads on a
+  # CPU); shapes and dtypes are the stored ones, checked by `with_params` below.
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract.params)
   try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      params = checkpointer.restore(os.path.join(path, "params"))
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      params = checkpointer.restore(os.path.join(path, "params"),
+                                    args=ocp.args.PyTreeRestore(restore_args=restore_args))
   except Exception as e:
     raise _unreadable(f"exported model {path}", e) from e
   try:

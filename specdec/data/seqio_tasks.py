@@ -1,0 +1,187 @@
+"""seqio tasks: the local Debian tasks, and the tfds tasks of the papers for machines that have the data.
+
+Every task reads a record as text with a `specdec.data.tasks.Task` (`Task.inputs_and_targets`, T5's
+prefixes), then tokenizes (`seqio.preprocessors.tokenize`, keeping '<feature>_pretokenized'), and appends
+eos after trimming to the sequence length (`append_eos_after_trim`). The text step is the plain-Python
+`text_example`, mapped over the dataset with `tf.numpy_function`, so the formats exist once.
+
+Tasks (seqio name = "specdec_" + the text task's name; `feature_lengths` gives the sequence lengths):
+- Local, from `debian.load` through a `seqio.FunctionDataSource`, in the shipped vocabulary:
+  `specdec_debian_synopsis`, `specdec_debian_en_de`, `specdec_debian_lm`, `specdec_debian_lm_prefix`.
+- tfds (nothing is downloaded here; give `tfds_data_dir`, e.g. a GCS bucket on a Cloud TPU):
+  `specdec_wmt_t2t_ende` (wmt_t2t_translate/de-en: newstest2013 validation, newstest2014 test) and
+  `specdec_wmt14_ende` (wmt14_translate/de-en), 80/80 tokens; `specdec_xsum` 1024/64;
+  `specdec_cnn_dailymail` 2048/128 (the speculative-cascades paper's lengths, §F.1); `specdec_lm1b` and
+  `specdec_lm1b_prefix` (SpecTr's LM1B experiment prompts a decoder with the start of a sentence).
+  Their vocabulary is T5's SentencePiece model at `t5_vocab_path` (else $SPECDEC_T5_VOCAB), with T5's 100
+  sentinel ids (32100, as T5 checkpoints); with neither set, the shipped vocabulary.
+
+LM tasks have the single feature 'targets' = the text, what seqio's `LMFeatureConverter` (and
+`DecoderFeatureConverter` given no 'inputs' length) expects. The '_prefix' variants split the text after
+`LM_PREFIX_WORDS` words: 'inputs' = the first words without eos, 'targets' = the rest with eos, so
+`PrefixLMFeatureConverter` concatenates them back into the text + eos and weights the loss on the
+continuation only. Splitting at a space keeps the tokens those of the whole text (SentencePiece pieces
+do not cross spaces).
+
+Usage: `register_tasks(...)`, then `seqio.get_mixture_or_task(name).get_dataset(feature_lengths(name),
+split)` or a T5X gin file naming the task. seqio is optional (`pip install -e '.[seqio]'`): this module
+imports without it, and only `register_tasks` needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+from specdec.data import debian
+from specdec.data.tasks import TASKS, Task
+from specdec.data.vocab import seqio_vocabulary
+
+T5_VOCAB_ENV = "SPECDEC_T5_VOCAB"
+T5_EXTRA_IDS = 100
+# ≈ 8 tokens of the shipped vocabulary (1.55 tokens per word on debian_lm), debian_lm's `lm_prompt_tokens`.
+LM_PREFIX_WORDS = 6
+LM_PREFIX_TOKENS = 16  # the 'inputs' length of the '_prefix' tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqioTask:
+  """A seqio task: `text` reads its records (`text.dataset`: a `debian.DATASETS` name, or a tfds name
+  with version) and gives its lengths in tokens; `prefix_words` > 0 splits an LM text into a prompt."""
+  text: Task
+  prefix_words: int = 0
+
+  @property
+  def name(self) -> str:
+    return "specdec_" + self.text.name
+
+  @property
+  def is_local(self) -> bool:
+    return self.text.dataset in debian.DATASETS
+
+
+def _tfds(task: Task, name: str, dataset: str, **changes) -> Task:
+  """`task`'s text format for a tfds dataset."""
+  return dataclasses.replace(task, name=name, dataset=dataset, **changes)
+
+
+# A tfds task reads its text as the Debian task it mirrors (same T5 prefix; XSum, WMT and LM1B even share
+# the field names); its budgets are the papers' lengths. `separator` (decoder-only prompts) is unused here.
+_SYNOPSIS, _EN_DE, _LM = TASKS["debian_synopsis"], TASKS["debian_en_de"], TASKS["debian_lm"]
+_PREFIX_LM = dataclasses.replace(_LM, name="debian_lm_prefix", max_input_tokens=LM_PREFIX_TOKENS)
+
+SEQIO_TASKS: dict[str, SeqioTask] = {task.name: task for task in [
+    SeqioTask(_SYNOPSIS),
+    SeqioTask(_EN_DE),
+    SeqioTask(_LM),
+    SeqioTask(_PREFIX_LM, prefix_words=LM_PREFIX_WORDS),
+    SeqioTask(_tfds(_EN_DE, "wmt_t2t_ende", "wmt_t2t_translate/de-en:1.0.0", max_input_tokens=80,
+                    max_target_tokens=80)),
+    SeqioTask(_tfds(_EN_DE, "wmt14_ende", "wmt14_translate/de-en:1.0.0", max_input_tokens=80,
+                    max_target_tokens=80)),
+    SeqioTask(_tfds(_SYNOPSIS, "xsum", "xsum:1.1.0", max_input_tokens=1024, max_target_tokens=64)),
+    SeqioTask(_tfds(_SYNOPSIS, "cnn_dailymail", "cnn_dailymail:3.4.0", input_field="article",
+                    target_field="highlights", max_input_tokens=2048, max_target_tokens=128)),
+    SeqioTask(_tfds(_LM, "lm1b", "lm1b:1.1.0")),
+    SeqioTask(_tfds(_PREFIX_LM, "lm1b_prefix", "lm1b:1.1.0"), prefix_words=LM_PREFIX_WORDS),
+]}
+
+
+def get_seqio_task(name: str) -> SeqioTask:
+  if name not in SEQIO_TASKS:
+    raise ValueError(f"unknown seqio task {name!r}; known: {', '.join(SEQIO_TASKS)}")
+  return SEQIO_TASKS[name]
+
+
+def feature_lengths(name: str) -> dict[str, int]:
+  """seqio `task_feature_lengths` (eos included): {'inputs', 'targets'}, or {'targets'} for LM."""
+  text = get_seqio_task(name).text
+  lengths = {"inputs": text.max_input_tokens, "targets": text.max_target_tokens}
+  return {feature: length for feature, length in lengths.items() if length}
+
+
+def split_prefix(text: str, words: int) -> dict[str, str]:
+  """{'inputs': the first `words` words, 'targets': the rest, verbatim}; the target keeps ≥ 1 word."""
+  cut = min(words, len(text.split()) - 1)
+  if cut <= 0:
+    return {"inputs": "", "targets": text}
+  *head, rest = text.split(None, cut)
+  return {"inputs": " ".join(head), "targets": rest}
+
+
+def text_example(name: str, record: dict[str, str]) -> dict[str, str]:
+  """The strings a seqio task tokenizes, e.g. {'inputs': "summarize: <document>", 'targets': <summary>}."""
+  task = get_seqio_task(name)
+  inputs, targets = task.text.inputs_and_targets(record)
+  if task.text.input_field is not None:
+    return {"inputs": inputs, "targets": targets}
+  if task.prefix_words:
+    return split_prefix(targets, task.prefix_words)
+  return {"targets": targets}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The seqio / TensorFlow layer.
+
+
+def _fields(task: SeqioTask) -> list[str]:
+  return [field for field in (task.text.input_field, task.text.target_field) if field is not None]
+
+
+def _debian_dataset(split: str, shuffle_files: bool, seed: int | None = None, *, task: SeqioTask,
+                    source: str):
+  """`FunctionDataSource` function: a local dataset split as string features (the fields `text` reads)."""
+  import tensorflow as tf
+  del shuffle_files, seed  # one in-memory list; `seqio.Task.get_dataset` shuffles the examples
+  records = debian.load(task.text.dataset, split, source=source)
+  return tf.data.Dataset.from_tensor_slices(
+      {field: tf.constant([r[field] for r in records], tf.string) for field in _fields(task)})
+
+
+def _text_preprocessor(dataset, *, name: str):
+  """seqio preprocessor: `text_example` on every example (in Python, through `tf.numpy_function`)."""
+  import tensorflow as tf
+  fields, features = _fields(get_seqio_task(name)), list(feature_lengths(name))
+
+  def to_text(*values: bytes) -> list[bytes]:
+    example = text_example(name, {f: v.decode("utf-8") for f, v in zip(fields, values)})
+    return [example[feature].encode("utf-8") for feature in features]
+
+  def map_fn(example):
+    texts = tf.numpy_function(to_text, [example[f] for f in fields], [tf.string] * len(features),
+                              stateful=False)
+    return {feature: tf.ensure_shape(text, []) for feature, text in zip(features, texts)}
+
+  return dataset.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_tasks(*, source: str | os.PathLike = "auto", t5_vocab_path: str | None = None,
+                   tfds_data_dir: str | None = None) -> list[str]:
+  """Registers (or re-registers) every task in `SEQIO_TASKS` with `seqio.TaskRegistry`; returns the names.
+
+  `source`: the local tasks' records, as in `debian.load`. `t5_vocab_path`: a local copy of T5's
+  SentencePiece model for the tfds tasks (default $SPECDEC_T5_VOCAB, else the shipped vocabulary).
+  `tfds_data_dir`: where the tfds data lives (default: tfds's own, $TFDS_DATA_DIR).
+  """
+  import seqio
+  local_vocab = seqio_vocabulary()
+  t5_vocab_path = t5_vocab_path or os.environ.get(T5_VOCAB_ENV)
+  tfds_vocab = seqio_vocabulary(t5_vocab_path, extra_ids=T5_EXTRA_IDS) if t5_vocab_path else local_vocab
+  for task in SEQIO_TASKS.values():
+    if task.is_local:
+      vocab = local_vocab
+      data_source = seqio.FunctionDataSource(
+          functools.partial(_debian_dataset, task=task, source=str(source)), splits=debian.SPLITS)
+    else:
+      vocab = tfds_vocab
+      data_source = seqio.TfdsDataSource(tfds_name=task.text.dataset, tfds_data_dir=tfds_data_dir)
+    output_features = {  # a prefix is continued by the targets: no eos between them
+        feature: seqio.Feature(vocab, add_eos=not (feature == "inputs" and task.prefix_words))
+        for feature in feature_lengths(task.name)}
+    seqio.TaskRegistry.remove(task.name)
+    seqio.TaskRegistry.add(
+        task.name, source=data_source, output_features=output_features,
+        preprocessors=[functools.partial(_text_preprocessor, name=task.name), seqio.preprocessors.tokenize,
+                       seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim])
+  return list(SEQIO_TASKS)

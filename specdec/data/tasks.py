@@ -1,0 +1,258 @@
+"""The local Debian-text tasks as token arrays: T5-style inputs/targets, prefix-LM rows, training batches.
+
+A `Task` fixes how a record becomes text (T5's task prefixes) and how long each side may be (in tokens of
+the vocabulary). Decoder-only models read one row per example,
+
+    [prompt tokens][target tokens][eos][pad …]      prompt = "<prefix><input><separator>"
+
+e.g. "summarize: <document> synopsis:" followed by the synopsis, or "translate English to German: <en>
+German:" followed by the German; the loss weights are 1 on the target tokens and eos, 0 on the prompt
+and padding (`specdec.training.train`'s convention). An input longer than its budget is cut before the
+separator is appended, so every prompt ends with it. The LM task's rows are the text itself, all weighted;
+its decoding prompt is the text's first `lm_prompt_tokens` tokens (LM1B-style continuation).
+
+`prefix_lm_batches` is a `specdec.training.DataSource` over a mixture of tasks (examples-proportional,
+as T5's multi-task mixtures), each batch a pure function of its index (resumable); no packing, because
+the transformer has no segment ids. `tokenized` caches a task split's arrays in memory and, given a
+`cache_dir`, in `.npz` files that carry a fingerprint of the data and vocabulary (a stale file is rebuilt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specdec.data import debian
+from specdec.data.vocab import Vocabulary, load_vocabulary
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """How a dataset's records are read as text, and each side's budget in tokens (of the shipped
+  vocabulary for the local tasks; `seqio_tasks` reuses the formats for tfds datasets with the papers'
+  lengths in T5 tokens)."""
+  name: str
+  dataset: str                 # a `debian.DATASETS` name (seqio_tasks: a tfds name with version)
+  metric: str                  # 'rouge2' | 'bleu' | 'log_likelihood' (of the generated text, by the verifier)
+  input_field: str | None      # None: a language-modelling task (the text is the target)
+  target_field: str
+  prefix: str = ""             # T5's task prefix
+  separator: str = ""          # ends a decoder-only prompt: the model writes the target after it
+  max_input_tokens: int = 0    # prompt budget, prefix and separator included
+  max_target_tokens: int = 0   # target budget, eos included (= max_new_tokens when decoding)
+  lm_prompt_tokens: int = 0    # LM task: tokens of the text given as the decoding prompt
+
+  def inputs_and_targets(self, record: dict) -> tuple[str, str]:
+    """T5-style (inputs, targets) strings of a record, e.g. ("summarize: <document>", "<synopsis>")."""
+    if self.input_field is None:
+      return "", record[self.target_field]
+    return self.prefix + record[self.input_field], record[self.target_field]
+
+  @property
+  def seq_len(self) -> int:
+    """Row length of a tokenized example."""
+    return self.max_input_tokens + self.max_target_tokens
+
+
+# Budgets: every row fits 256 tokens, and ≥ 95% of the training examples fit untruncated (measured by
+# `python -m specdec.data.tasks`: synopsis inputs 95.9%, targets 99.9%; en-de 98.9% / 97.8%; LM 97.4%).
+# A long input loses its end, never the separator; a long target keeps its eos.
+TASKS: dict[str, Task] = {
+    "debian_synopsis": Task(
+        name="debian_synopsis", dataset="debian_synopsis", metric="rouge2", input_field="document",
+        target_field="summary", prefix="summarize: ", separator=" synopsis:", max_input_tokens=224,
+        max_target_tokens=32),
+    "debian_en_de": Task(
+        name="debian_en_de", dataset="debian_en_de", metric="bleu", input_field="en", target_field="de",
+        prefix="translate English to German: ", separator=" German:", max_input_tokens=128,
+        max_target_tokens=128),
+    "debian_lm": Task(
+        name="debian_lm", dataset="debian_lm", metric="log_likelihood", input_field=None, target_field="text",
+        max_input_tokens=0, max_target_tokens=128, lm_prompt_tokens=8),
+}
+
+
+def get_task(name: str) -> Task:
+  if name not in TASKS:
+    raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+  return TASKS[name]
+
+
+def encode_example(task: Task, vocab: Vocabulary, record: dict) -> tuple[list[int], list[int]]:
+  """(prompt ids, target ids ending in eos) of a record, each within its budget."""
+  if task.input_field is None:
+    text = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
+    cut = min(task.lm_prompt_tokens, len(text) - 1)
+    return text[:cut], text[cut:]
+  separator = vocab.encode(task.separator)
+  inputs = vocab.encode(task.inputs_and_targets(record)[0])[:task.max_input_tokens - len(separator)]
+  targets = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
+  return inputs + separator, targets
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenized:
+  """A task split as arrays: row i is prompt + target + eos, right-padded with 0.
+
+  tokens [N, seq_len] int32; prompt_lengths [N] (prompt tokens, 0 for LM training rows); lengths [N]
+  (prompt + target + eos); records: the source records, for references.
+  """
+  tokens: np.ndarray
+  prompt_lengths: np.ndarray
+  lengths: np.ndarray
+  records: tuple[dict, ...]
+
+  def __len__(self) -> int:
+    return len(self.tokens)
+
+  def weights(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+    """Loss weights [n, seq_len]: 1 on target tokens and eos, 0 on the prompt and padding."""
+    positions = np.arange(self.tokens.shape[1])
+    return ((positions >= self.prompt_lengths[rows, None])
+            & (positions < self.lengths[rows, None])).astype(np.float32)
+
+  def prompts(self, rows: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    """Decoding prompts [n, width] (right-padded, width = the longest) and their lengths [n]."""
+    lengths = self.prompt_lengths[rows]
+    return self.tokens[rows, :max(int(lengths.max()), 1)] * (
+        np.arange(max(int(lengths.max()), 1)) < lengths[:, None]), lengths
+
+  def targets(self, rows: np.ndarray | slice = slice(None)) -> list[list[int]]:
+    """Reference target ids (eos excluded) of each row."""
+    tokens, starts, ends = self.tokens[rows], self.prompt_lengths[rows], self.lengths[rows]
+    return [row[s:e - 1].tolist() for row, s, e in zip(tokens, starts, ends)]
+
+
+def tokenize(task: Task, vocab: Vocabulary, records: Sequence[dict]) -> Tokenized:
+  """Encodes records with `encode_example` into a `Tokenized` of row length `task.seq_len`."""
+  tokens = np.zeros((len(records), task.seq_len), np.int32)
+  prompt_lengths = np.zeros(len(records), np.int32)
+  lengths = np.zeros(len(records), np.int32)
+  for i, record in enumerate(records):
+    prompt, target = encode_example(task, vocab, record)
+    row = prompt + target
+    tokens[i, :len(row)] = row
+    prompt_lengths[i], lengths[i] = len(prompt), len(row)
+  return Tokenized(tokens, prompt_lengths, lengths, tuple(records))
+
+
+def _fingerprint(task: Task, vocab: Vocabulary, records: Sequence[dict]) -> str:
+  digest = hashlib.sha256(json.dumps(dataclasses.asdict(task), sort_keys=True).encode())
+  digest.update(hashlib.sha256(vocab.path.read_bytes()).digest())
+  for record in records:
+    digest.update(json.dumps(record, sort_keys=True).encode())
+  return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=32)
+def _tokenized(task_name: str, split: str, source: str, vocab_path: str | None, cache_dir: str | None,
+               training: bool) -> Tokenized:
+  task = get_task(task_name)
+  vocab = load_vocabulary(vocab_path)
+  records = debian.load(task.dataset, split, source=source)
+  fingerprint = _fingerprint(task, vocab, records)
+  path = None
+  if cache_dir is not None:
+    path = Path(cache_dir) / f"{task_name}.{split}.{fingerprint}.npz"
+    if path.is_file():
+      with np.load(path) as stored:
+        result = Tokenized(stored["tokens"], stored["prompt_lengths"], stored["lengths"], tuple(records))
+      return _as_training(result) if training else result
+  result = tokenize(task, vocab, records)
+  if path is not None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp.npz")
+    np.savez_compressed(temporary, tokens=result.tokens, prompt_lengths=result.prompt_lengths,
+                        lengths=result.lengths)
+    os.replace(temporary, path)
+  return _as_training(result) if training else result
+
+
+def _as_training(tokenized: Tokenized) -> Tokenized:
+  """An LM task's rows as training rows: the whole text is the target (prompt length 0)."""
+  return dataclasses.replace(tokenized, prompt_lengths=np.zeros_like(tokenized.prompt_lengths))
+
+
+def tokenized(task: str, split: str, *, source: str | os.PathLike = "auto", vocab_path: str | None = None,
+              cache_dir: str | os.PathLike | None = None, training: bool = False) -> Tokenized:
+  """A task split tokenized (memoised per process; on disk under `cache_dir` when given).
+
+  `source` as in `debian.load`. `training=True` gives training rows: for the LM task the whole text is a
+  target; the seq2seq tasks are the same either way.
+  """
+  debian._check_choice("split", split, debian.SPLITS)
+  uses_lm_prompt = get_task(task).input_field is None and training
+  return _tokenized(task, split, str(source), vocab_path, None if cache_dir is None else str(cache_dir),
+                    uses_lm_prompt)
+
+
+def prefix_lm_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: int, start: int = 0,
+                      tasks: Sequence[str] = tuple(TASKS), source: str = "auto", vocab_path: str | None = None,
+                      cache_dir: str | None = None, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+  """A `specdec.training.DataSource` of prefix-LM rows from a mixture of tasks.
+
+  The tasks' examples are pooled (examples-proportional mixing) and visited in a fresh permutation per
+  epoch, seeded by (seed, split, epoch); batch i holds positions [i·B, (i+1)·B) of that endless stream,
+  so it depends on i alone. Rows are cut or padded to `seq_len`. Yields {'inputs' [B, seq_len] int32,
+  'weights' [B, seq_len] float32}.
+  """
+  parts = [tokenized(name, split, source=source, vocab_path=vocab_path, cache_dir=cache_dir, training=True)
+           for name in tasks]
+  tokens = np.concatenate([_fit(part.tokens, seq_len) for part in parts])
+  weights = np.concatenate([_fit(part.weights(), seq_len) for part in parts])
+  if int(tokens.max(initial=0)) >= vocab_size:
+    raise ValueError(f"token id {int(tokens.max())} is outside the model's vocabulary ({vocab_size})")
+  count, split_id = len(tokens), zlib.crc32(split.encode())
+  if count == 0:
+    raise ValueError(f"tasks {list(tasks)} have no {split} examples")
+
+  orders: dict[int, np.ndarray] = {}
+
+  def order(epoch: int) -> np.ndarray:
+    if epoch not in orders:
+      orders.clear()   # the stream only moves forward: one or two epochs are ever needed at once
+      orders[epoch] = np.random.default_rng([seed, split_id, epoch]).permutation(count)
+    return orders[epoch]
+
+  position = start * batch_size
+  while True:
+    positions = np.arange(position, position + batch_size)
+    epochs = positions // count
+    indices = np.concatenate([order(int(e))[positions[epochs == e] % count] for e in np.unique(epochs)])
+    yield {"inputs": tokens[indices], "weights": weights[indices]}
+    position += batch_size
+
+
+def _fit(array: np.ndarray, width: int) -> np.ndarray:
+  if array.shape[1] >= width:
+    return array[:, :width]
+  return np.pad(array, ((0, 0), (0, width - array.shape[1])))
+
+
+def _budget_report(source: str = "auto") -> None:
+  """Prints, per task, the share of training examples that fit the budgets untruncated."""
+  vocab = load_vocabulary()
+  for task in TASKS.values():
+    records = debian.load(task.dataset, "train", source=source)
+    inputs, targets = [], []
+    for record in records:
+      source_text, target_text = task.inputs_and_targets(record)
+      inputs.append(len(vocab.encode(source_text + task.separator)) if task.input_field else 0)
+      targets.append(len(vocab.encode(target_text)) + 1)
+    inputs, targets = np.array(inputs), np.array(targets)
+    print(f"{task.name}: {len(records)} examples; inputs p50/p95/max {np.percentile(inputs, 50):.0f}/"
+          f"{np.percentile(inputs, 95):.0f}/{inputs.max()} (fit {np.mean(inputs <= task.max_input_tokens):.1%});"
+          f" targets p50/p95/max {np.percentile(targets, 50):.0f}/{np.percentile(targets, 95):.0f}/"
+          f"{targets.max()} (fit {np.mean(targets <= task.max_target_tokens):.1%})")
+
+
+if __name__ == "__main__":
+  _budget_report()
