@@ -111,7 +111,7 @@ def test_presets_have_the_spectr_lm1b_sizes():
 
 
 def test_unknown_preset_names_the_known_ones():
-  with pytest.raises(ValueError, match="unknown model preset 'huge'.*tiny, 2m, 6m, 20m, 97m"):
+  with pytest.raises(ValueError, match="unknown model preset 'huge'.*tiny, 2m, 6m, 15m, 20m, 97m, t5_tiny"):
     models.build("huge", vocab_size=V)
 
 

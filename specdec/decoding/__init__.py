@@ -18,6 +18,7 @@ from specdec import checks, targets
 from specdec.decoding import cascades, common, speculative
 from specdec.decoding.autoregressive import autoregressive
 from specdec.decoding.common import Output, Stats
+from specdec.models import base
 from specdec.models.base import Model
 
 Array = jax.Array
@@ -26,9 +27,10 @@ METHODS = ("autoregressive", "speculative", "token_cascade", "seq_cascade", "ora
 __all__ = ["generate", "METHODS", "Output", "Stats"]
 
 
-def cache_length_for(prompt_width: int, max_new_tokens: int, gamma: int) -> int:
-  """Cache positions a run needs: the padded prompt, the new tokens, and one block of overshoot."""
-  return prompt_width + max_new_tokens + gamma + cascades.MAX_DRAFTER_RUN + 2
+def cache_length_for(prompt_positions: int, max_new_tokens: int, gamma: int) -> int:
+  """Cache positions a run needs: the padded prompt's (`base.prompt_cache_positions`: its width, 1 for an
+  encoder-decoder), the new tokens, and one block of overshoot."""
+  return prompt_positions + max_new_tokens + gamma + cascades.MAX_DRAFTER_RUN + 2
 
 
 def generate(key: Array, drafter: Model | None, verifier: Model, prompts: Array, prompt_lengths: Array, *,
@@ -71,8 +73,9 @@ def generate(key: Array, drafter: Model | None, verifier: Model, prompts: Array,
   if method != "autoregressive" and drafter is None:
     raise ValueError(f"method {method!r} needs a drafter")
   common.check_models(None if method == "autoregressive" else drafter, verifier)
-  cache_length = cache_length_for(prompts.shape[1], max_new_tokens, gamma)
   models = [verifier] if method == "autoregressive" else [drafter, verifier]
+  cache_length = cache_length_for(max(base.prompt_cache_positions(m, prompts.shape[1]) for m in models),
+                                  max_new_tokens, gamma)
   common.check_prompts(prompts, prompt_lengths, cache_length, models)
   out = _generate(key, drafter, verifier, jnp.asarray(prompts, jnp.int32),
                   jnp.asarray(prompt_lengths, jnp.int32), jnp.float32(alpha), jnp.float32(temperature),

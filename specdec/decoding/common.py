@@ -158,6 +158,10 @@ def check_models(drafter: Model | None, verifier: Model) -> None:
   if drafter is not None and drafter.vocab_size != verifier.vocab_size:
     raise ValueError(f"drafter and verifier vocabularies differ: drafter vocab_size={drafter.vocab_size}, "
                      f"verifier vocab_size={verifier.vocab_size}")
+  # The loops commit both caches to the verifier's lengths: both must hold the same positions.
+  if drafter is not None and hasattr(drafter, "prefill") != hasattr(verifier, "prefill"):
+    raise ValueError("drafter and verifier must both be decoder-only or both encoder-decoder models: "
+                     "one reads the prompt as its decoder prefix, the other as its encoder input")
 
 
 def check_prompts(prompts, prompt_lengths, cache_length: int, models: list[Model]) -> None:
@@ -171,5 +175,6 @@ def check_prompts(prompts, prompt_lengths, cache_length: int, models: list[Model
   for model in models:
     if cache_length > model.max_length:
       raise ValueError(
-          f"prompt (padded to {width}) + max_new_tokens + block slack needs {cache_length} cache positions, "
-          f"more than the model's max_length={model.max_length}; shorten the prompt or max_new_tokens")
+          f"prompt (padded to {width}; for an encoder-decoder only its start token) + max_new_tokens + block "
+          f"slack needs {cache_length} cache positions, more than the model's max_length={model.max_length}; "
+          "shorten the prompt or max_new_tokens")

@@ -12,6 +12,10 @@ per-row length:
 causally to everything before them in that row, returns the next-token logits after each of them
 [B, n, V], and advances lengths by n. n = 1 is a decode step, n = γ+1 a verification. Entries at
 positions ≥ lengths are never read before being overwritten, which is why a rollback is free.
+
+The prompt is the decoder's prefix by default: `prefill` scores it into the cache. An encoder-decoder
+(`t5.T5`) reads its prompt as the encoder input instead: it supplies its own `prefill` (encode, pending
+decoder start token, lengths 0) and a `prompt_cache_positions` (1: its decoder cache never holds the prompt).
 """
 
 from __future__ import annotations
@@ -67,9 +71,18 @@ def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array) -
 
   The last prompt token is returned as the row's pending token: the decode loops keep the last emitted
   token out of the cache and score it first, so every step's logits come from one `score` call. Prompts
-  are scored padded to L (one call for the batch) and rolled back to their own lengths.
+  are scored padded to L (one call for the batch) and rolled back to their own lengths. A model with its
+  own `prefill` (an encoder-decoder) does it its way.
   """
+  if hasattr(model, "prefill"):
+    return model.prefill(cache, prompts, prompt_lengths)
   _, cache = model.score(cache, prompts)
   rows = jnp.arange(prompts.shape[0])
   last = prompts[rows, prompt_lengths - 1]
   return last.astype(jnp.int32), rollback(cache, prompt_lengths - 1)
+
+
+def prompt_cache_positions(model: Model, prompt_width: int) -> int:
+  """Cache positions that prompts padded to `prompt_width` take: the width, or the model's own
+  `prompt_cache_positions` (an encoder-decoder's prompt is its encoder input)."""
+  return getattr(model, "prompt_cache_positions", prompt_width)

@@ -1,0 +1,446 @@
+"""T5 v1.1, the encoder-decoder of the speculative-cascades T5 experiments, with a per-row decoder cache
+(layer 2).
+
+The network is T5X's `t5x/examples/t5/network.py` with the v1.1 configuration: gated-GELU MLP (tanh
+approximation, HF's "gelu_new"), T5's RMS layer norm (no mean subtraction, no bias, ε = 1e-6), relative
+position buckets (32 buckets, max distance 128; bidirectional in the encoder, causal in the decoder) added
+to the attention logits of every layer of a stack, no biases, no 1/√d scaling of the logits (T5 folds it
+into the query initialiser), no dropout, and an untied output projection without rescaling.
+
+The parameter tree is T5X's, so a T5X checkpoint maps one to one (`specdec.training.convert`). T5X's
+DenseGeneral stores its kernels flattened to two axes; so does this file:
+
+  token_embedder/embedding                                  [V, E]  (encoder and decoder inputs)
+  encoder/relpos_bias/rel_embedding                         [H, buckets]  (one table per stack)
+  encoder/layers_N/pre_attention_layer_norm/scale           [E]
+  encoder/layers_N/attention/{query,key,value}/kernel       [E, H·D];  .../out/kernel  [H·D, E]
+  encoder/layers_N/pre_mlp_layer_norm/scale                 [E]
+  encoder/layers_N/mlp/{wi_0,wi_1}/kernel                   [E, F];    .../wo/kernel   [F, E]
+  encoder/encoder_norm/scale                                [E]
+  decoder/relpos_bias/rel_embedding                         [H, buckets]
+  decoder/layers_N/{pre_self_attention_layer_norm, self_attention, pre_cross_attention_layer_norm,
+                    encoder_decoder_attention, pre_mlp_layer_norm, mlp}   (shapes as above)
+  decoder/decoder_norm/scale                                [E]
+  decoder/logits_dense/kernel                               [E, V]
+
+Decoding (`base.Model`): the prompt is the ENCODER input. `prefill` encodes it once (prompt_lengths give
+the encoder mask), stores every decoder layer's cross-attention keys/values in the cache, and returns
+T5's decoder start token 0 as the pending token with decoder lengths 0. From there `score` and `rollback`
+work as for the decoder-only model: n decoder tokens at per-row positions lengths[b] + i, the cache a
+pytree argument, a rollback a length reset. Decoder positions equal cache slots, so the causal relative
+position of a cached key is (query position − slot).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import struct
+
+from specdec.models import base
+
+Array = jax.Array
+
+VOCAB_SIZE = 32128          # T5's SentencePiece vocabulary, padded to a multiple of 128
+DECODER_START_TOKEN = 0     # T5 starts decoding from the pad id
+
+# T5X's initialisers (t5x/examples/t5/layers.py).
+_ATTENTION_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+_DENSE_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+_RELPOS_INIT = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Hyperparameters (T5X's T5Config names). Frozen (hashable): the config is static under jit."""
+  vocab_size: int = VOCAB_SIZE
+  emb_dim: int = 512
+  num_heads: int = 6
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  num_buckets: int = 32
+  max_distance: int = 128
+  max_len: int = 512          # the largest decoder cache (positions); the encoder input has no limit
+  dtype: Any = jnp.float32    # activations and cache; parameters, norms, softmax and logits stay float32
+
+
+# T5 v1.1 sizes (HF's google/t5-v1_1-*), plus two small ones for tests and the CPU.
+PRESETS: dict[str, dict[str, int]] = {
+    "t5_tiny": dict(emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, head_dim=16, mlp_dim=64),
+    "t5_mini": dict(emb_dim=128, num_heads=4, num_encoder_layers=4, num_decoder_layers=4, head_dim=32, mlp_dim=256),
+    "t5_small": dict(emb_dim=512, num_heads=6, num_encoder_layers=8, num_decoder_layers=8, head_dim=64, mlp_dim=1024),
+    "t5_base": dict(emb_dim=768, num_heads=12, num_encoder_layers=12, num_decoder_layers=12, head_dim=64,
+                    mlp_dim=2048),
+    "t5_large": dict(emb_dim=1024, num_heads=16, num_encoder_layers=24, num_decoder_layers=24, head_dim=64,
+                     mlp_dim=2816),
+    "t5_xl": dict(emb_dim=2048, num_heads=32, num_encoder_layers=24, num_decoder_layers=24, head_dim=64,
+                  mlp_dim=5120),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+  """T5's bucket of each relative position d = key − query position, d ∈ [−max_distance, max_distance].
+
+  T5X's `_relative_position_bucket` (float32 and its ε, so borderline distances land where T5X and HF
+  put them): |d| < num_buckets/4 (bidirectional; num_buckets/2 causal) exactly, then logarithmic bins up
+  to max_distance; every |d| ≥ max_distance shares its side's last bucket, hence the clipped table.
+  Causal: keys after the query (d > 0) share bucket 0 with d = 0; the mask hides them anyway.
+  """
+  n = -np.arange(-max_distance, max_distance + 1)
+  bucket = np.zeros_like(n)
+  if bidirectional:
+    num_buckets //= 2
+    bucket += (n < 0) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
+  max_exact = num_buckets // 2
+  large = max_exact + (np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+                       / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+  return (bucket + np.where(n < max_exact, n, np.minimum(large, num_buckets - 1))).astype(np.int32)
+
+
+def relative_position_bucket(relative_position: Array, *, bidirectional: bool, num_buckets: int = 32,
+                             max_distance: int = 128) -> Array:
+  """Buckets [...] int32 of relative positions [...] (key − query), by table lookup."""
+  table = jnp.asarray(_bucket_table(bidirectional, num_buckets, max_distance))
+  return table[jnp.clip(relative_position, -max_distance, max_distance) + max_distance]
+
+
+class LayerNorm(nn.Module):
+  """T5's layer norm: x / RMS(x) · scale, in float32; no mean subtraction, no bias."""
+  dtype: Any = jnp.float32
+  epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = x.astype(jnp.float32)
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon) * scale).astype(self.dtype)
+
+
+class RelativePositionBias(nn.Module):
+  """One stack's table of learned attention-logit biases per (head, bucket)."""
+  config: T5Config
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, relative_position: Array) -> Array:
+    """relative_position [B, q, k] (key − query) -> biases [B, H, q, k] (float32)."""
+    cfg = self.config
+    table = self.param("rel_embedding", _RELPOS_INIT, (cfg.num_heads, cfg.num_buckets), jnp.float32)
+    buckets = relative_position_bucket(relative_position, bidirectional=self.bidirectional,
+                                       num_buckets=cfg.num_buckets, max_distance=cfg.max_distance)
+    return jnp.moveaxis(table.T[buckets], -1, 1)
+
+
+# A block of keys an attention call reads: keys, values [B, K, H, D], logit bias [B|1, H, n, K] or None,
+# and visible [B, 1, n|1, K] (which keys each query may attend to).
+KeyBlock = tuple[Array, Array, Array | None, Array]
+
+
+class Attention(nn.Module):
+  """Multi-head attention over one or more blocks of keys (cached ones, new ones, the encoder's)."""
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    dense = functools.partial(nn.Dense, use_bias=False, dtype=cfg.dtype)
+    joined = cfg.num_heads * cfg.head_dim
+    # No 1/√D on the logits: T5X folds it into the query initialiser.
+    self.query = dense(joined, kernel_init=lambda *a: _ATTENTION_INIT(*a) / np.sqrt(cfg.head_dim))
+    self.key = dense(joined, kernel_init=_ATTENTION_INIT)
+    self.value = dense(joined, kernel_init=_ATTENTION_INIT)
+    self.out = dense(cfg.emb_dim, kernel_init=_ATTENTION_INIT)
+
+  def _heads(self, x: Array) -> Array:
+    return x.reshape(*x.shape[:-1], self.config.num_heads, self.config.head_dim)
+
+  def keys_values(self, x: Array) -> tuple[Array, Array]:
+    """x [B, K, E] -> keys, values [B, K, H, D]."""
+    return self._heads(self.key(x)), self._heads(self.value(x))
+
+  def __call__(self, x: Array, blocks: list[KeyBlock]) -> Array:
+    """Queries from x [B, n, E] attend to all blocks under one softmax; returns [B, n, E]."""
+    query = self._heads(self.query(x))
+    scores = []
+    for keys, _, bias, visible in blocks:
+      block = jnp.einsum("bqhd,bkhd->bhqk", query, keys).astype(jnp.float32)
+      if bias is not None:
+        block = block + bias
+      # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
+      scores.append(jnp.where(visible, block, jnp.finfo(jnp.float32).min))
+    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(self.config.dtype)
+    # One product per block instead of concatenating values: no copy of the cache per layer.
+    out, start = 0.0, 0
+    for _, values, _, _ in blocks:
+      out = out + jnp.einsum("bhqk,bkhd->bqhd", weights[..., start:start + values.shape[1]], values)
+      start += values.shape[1]
+    return self.out(out.reshape(*out.shape[:-2], -1))
+
+
+class GatedMlp(nn.Module):
+  """T5 v1.1's MLP: wo(gelu(wi_0 x) · wi_1 x), GELU's tanh approximation."""
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    dense = functools.partial(nn.Dense, use_bias=False, dtype=cfg.dtype, kernel_init=_DENSE_INIT)
+    hidden = nn.gelu(dense(cfg.mlp_dim, name="wi_0")(x), approximate=True) * dense(cfg.mlp_dim, name="wi_1")(x)
+    return dense(cfg.emb_dim, name="wo")(hidden)
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, bias: Array, visible: Array) -> Array:
+    """x [B, L, E]; bias [1, H, L, L]; visible [B, 1, 1, L] (the unpadded inputs)."""
+    cfg = self.config
+    attention = Attention(cfg, name="attention")
+    h = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
+    keys, values = attention.keys_values(h)
+    x = x + attention(h, [(keys, values, bias, visible)])
+    return x + GatedMlp(cfg, name="mlp")(LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x))
+
+
+class Encoder(nn.Module):
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array) -> Array:
+    """Embedded inputs x [B, L, E], mask [B, L] (True on the input, False on padding) -> [B, L, E]."""
+    cfg = self.config
+    positions = jnp.arange(x.shape[1])
+    bias = RelativePositionBias(cfg, bidirectional=True, name="relpos_bias")(
+        (positions[None, :] - positions[:, None])[None])
+    for layer in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, name=f"layers_{layer}")(x, bias, mask[:, None, None, :])
+    return LayerNorm(cfg.dtype, name="encoder_norm")(x)
+
+
+class DecoderLayer(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.pre_self_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.self_attention = Attention(cfg)
+    self.pre_cross_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.encoder_decoder_attention = Attention(cfg)
+    self.pre_mlp_layer_norm = LayerNorm(cfg.dtype)
+    self.mlp = GatedMlp(cfg)
+
+  def cross_keys_values(self, encoded: Array) -> tuple[Array, Array]:
+    """The encoder output's keys, values [B, L, H, D] for this layer's cross-attention."""
+    return self.encoder_decoder_attention.keys_values(encoded)
+
+  def __call__(self, y: Array, cached: KeyBlock | None, new: tuple[Array, Array], cross: KeyBlock
+               ) -> tuple[Array, Array, Array]:
+    """y [B, n, E]; cached: this layer's cache block or None; new: (bias [B, H, n, n], visible
+    [B, 1, n, n]) among the new tokens; cross: the encoder's block. Returns y and the new tokens' keys,
+    values [B, n, H, D]."""
+    h = self.pre_self_attention_layer_norm(y)
+    keys, values = self.self_attention.keys_values(h)
+    y = y + self.self_attention(h, ([] if cached is None else [cached]) + [(keys, values, *new)])
+    y = y + self.encoder_decoder_attention(self.pre_cross_attention_layer_norm(y), [cross])
+    return y + self.mlp(self.pre_mlp_layer_norm(y)), keys, values
+
+
+class Decoder(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]   # named layers_0, layers_1, …
+    self.decoder_norm = LayerNorm(cfg.dtype)
+    self.logits_dense = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, kernel_init=_DENSE_INIT)
+
+  def cross_keys_values(self, encoded: Array) -> tuple[Array, Array]:
+    """encoded [B, L, E] -> every layer's cross-attention keys, values [layers, B, L, H, D]."""
+    keys, values = zip(*(layer.cross_keys_values(encoded) for layer in self.layers))
+    return jnp.stack(keys), jnp.stack(values)
+
+  def __call__(self, y: Array, positions: Array, new_mask: Array, cache: tuple[Array, Array, Array] | None,
+               cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array]]:
+    """Logits of embedded tokens y [B, n, E] at decoder positions [B, n].
+
+    new_mask [B, n, n]: which new tokens each new token attends to (itself included). cache: keys, values
+    [layers, B, C, H, D] and lengths [B], or None; row b's slots < lengths[b] are visible to its new
+    tokens. cross: keys, values [layers, B, L, H, D] and encoder_mask [B, L]. Returns logits [B, n, V]
+    (float32) and the new tokens' keys, values [layers, B, n, H, D].
+    """
+    new = (self.relpos_bias(positions[:, None, :] - positions[:, :, None]), new_mask[:, None])
+    if cache is not None:
+      keys, values, lengths = cache
+      slots = jnp.arange(keys.shape[2])
+      cached_bias = self.relpos_bias(slots[None, None, :] - positions[:, :, None])        # [B, H, n, C]
+      visible = (slots[None, :] < lengths[:, None])[:, None, None, :]                     # [B, 1, 1, C]
+    cross_keys, cross_values, encoder_mask = cross
+    new_keys, new_values = [], []
+    for i, layer in enumerate(self.layers):
+      cached = None if cache is None else (keys[i], values[i], cached_bias, visible)
+      y, key, value = layer(y, cached, new, (cross_keys[i], cross_values[i], None, encoder_mask[:, None, None, :]))
+      new_keys.append(key)
+      new_values.append(value)
+    logits = self.logits_dense(self.decoder_norm(y).astype(jnp.float32))
+    return logits, (jnp.stack(new_keys), jnp.stack(new_values))
+
+
+def _causal(batch_size: int, n: int) -> Array:
+  return jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (batch_size, n, n))
+
+
+class T5Network(nn.Module):
+  """The network: `encode` (once per prompt), `decode` (cached or teacher-forced), `__call__` (both)."""
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=nn.initializers.normal(stddev=1.0))
+    self.encoder = Encoder(cfg)
+    self.decoder = Decoder(cfg)
+
+  def encode(self, encoder_tokens: Array, encoder_mask: Array) -> tuple[Array, Array]:
+    """encoder_tokens, encoder_mask [B, L] -> cross-attention keys, values [layers, B, L, H, D]."""
+    encoded = self.encoder(self.token_embedder(encoder_tokens).astype(self.config.dtype), encoder_mask)
+    return self.decoder.cross_keys_values(encoded)
+
+  def decode(self, tokens: Array, positions: Array, new_mask: Array, cache: tuple[Array, Array, Array] | None,
+             cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array]]:
+    """`Decoder.__call__` on the embedded decoder tokens [B, n]."""
+    return self.decoder(self.token_embedder(tokens).astype(self.config.dtype), positions, new_mask, cache, cross)
+
+  def __call__(self, encoder_tokens: Array, encoder_mask: Array, decoder_tokens: Array) -> Array:
+    """Teacher forcing: logits [B, n, V] of decoder_tokens [B, n] at positions 0 … n−1."""
+    keys, values = self.encode(encoder_tokens, encoder_mask)
+    b, n = decoder_tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+    logits, _ = self.decode(decoder_tokens, positions, _causal(b, n), None, (keys, values, encoder_mask))
+    return logits
+
+
+@struct.dataclass
+class T5:
+  """A `T5Network` bound to its parameters; implements `base.Model` with the prompt as encoder input.
+
+  A pytree: `params` are leaves (a jitted loop takes them as arguments), the config is static. The cache
+  (`init_cache`, then `prefill`) holds kv = {keys, values [layers, B, C, H, D] (decoder self-attention),
+  cross_keys, cross_values [layers, B, L_enc, H, D], encoder_mask [B, L_enc]}.
+  """
+  params: Any
+  config: T5Config = struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def max_length(self) -> int:
+    return self.config.max_len
+
+  @property
+  def prompt_cache_positions(self) -> int:
+    """Decoder cache positions a prompt takes (`base.prompt_cache_positions`): only the start token."""
+    return 1
+
+  def logits(self, decoder_tokens: Array, *, encoder_tokens: Array, encoder_lengths: Array | None = None
+             ) -> Array:
+    """Teacher-forced logits [B, L, V] (training, evaluation, exact laws in tests).
+
+    decoder_tokens [B, L] are the decoder inputs, starting with the decoder start token 0 (HF's
+    decoder_input_ids, T5X's decoder_input_tokens): logits[:, t] is the next-token distribution after
+    decoder_tokens[:, :t+1]. Row b's encoder input is encoder_tokens[b, :encoder_lengths[b]] [B, L_enc]
+    (default: the whole row).
+    """
+    mask = _encoder_mask(encoder_tokens, encoder_lengths)
+    return T5Network(self.config).apply({"params": self.params}, encoder_tokens, mask, decoder_tokens)
+
+  def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
+    """An empty decoder cache (lengths 0) of `cache_length` positions; `prefill` adds the encoder's part."""
+    cfg = self.config
+    if not 1 <= cache_length <= cfg.max_len:
+      raise ValueError(f"cache_length must lie in [1, max_length={cfg.max_len}]; got {cache_length}")
+    zeros = jnp.zeros((cfg.num_decoder_layers, batch_size, cache_length, cfg.num_heads, cfg.head_dim), cfg.dtype)
+    no_input = jnp.zeros((cfg.num_decoder_layers, batch_size, 0, cfg.num_heads, cfg.head_dim), cfg.dtype)
+    kv = {"keys": zeros, "values": zeros, "cross_keys": no_input, "cross_values": no_input,
+          "encoder_mask": jnp.zeros((batch_size, 0), bool)}
+    return base.Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
+
+  def prefill(self, cache: base.Cache, prompts: Array, prompt_lengths: Array) -> tuple[Array, base.Cache]:
+    """Encodes prompts [B, L] (row b: prompts[b, :prompt_lengths[b]]) into an empty cache.
+
+    Returns the pending token [B] (the decoder start token 0, scored by the loop's first step) and the
+    cache with the encoder's cross-attention keys/values and mask, decoder lengths 0.
+    """
+    mask = _encoder_mask(prompts, prompt_lengths)
+    cross_keys, cross_values = T5Network(self.config).apply({"params": self.params}, prompts, mask,
+                                                            method=T5Network.encode)
+    kv = {**cache.kv, "cross_keys": cross_keys.astype(self.config.dtype),
+          "cross_values": cross_values.astype(self.config.dtype), "encoder_mask": mask}
+    batch = prompts.shape[0]
+    return (jnp.full((batch,), DECODER_START_TOKEN, jnp.int32),
+            base.Cache(kv=kv, lengths=jnp.zeros((batch,), jnp.int32)))
+
+  def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
+            tree_mask: Array | None = None) -> tuple[Array, base.Cache]:
+    """Scores decoder tokens [B, n] after each row's cache; returns logits [B, n, V] and the advanced cache.
+
+    As `TransformerLM.score`: token i of row b is written at slot lengths[b] + i and sees the row's
+    slots < lengths[b] plus the new tokens j with tree_mask[b, i, j] (default causal); positions [B, n]
+    (default lengths[b] + i) set the relative position biases; lengths advance by n. The cache must
+    have been prefilled (it holds the encoder input).
+    """
+    b, n = tokens.shape
+    kv = cache.kv
+    keys, values = kv["keys"], kv["values"]
+    if n > keys.shape[2]:
+      raise ValueError(f"cannot score {n} tokens with a cache of length {keys.shape[2]}")
+    slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)          # [B, n]
+    positions = slots if positions is None else positions
+    new_mask = _causal(b, n) if tree_mask is None else jnp.broadcast_to(tree_mask, (b, n, n))
+    logits, (new_keys, new_values) = T5Network(self.config).apply(
+        {"params": self.params}, tokens, positions, new_mask, (keys, values, cache.lengths),
+        (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]), method=T5Network.decode)
+    rows = jnp.arange(b)[:, None]
+    keys = keys.at[:, rows, slots].set(new_keys.astype(keys.dtype), mode="drop")
+    values = values.at[:, rows, slots].set(new_values.astype(values.dtype), mode="drop")
+    return logits, base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + n)
+
+
+def _encoder_mask(encoder_tokens: Array, encoder_lengths: Array | None) -> Array:
+  """[B, L] True on each row's first encoder_lengths[b] positions (all of them when None)."""
+  b, length = encoder_tokens.shape
+  if encoder_lengths is None:
+    return jnp.ones((b, length), bool)
+  return jnp.arange(length)[None, :] < jnp.asarray(encoder_lengths)[:, None]
+
+
+def init(config: T5Config, key: Array) -> T5:
+  """A randomly initialised model (T5X's initialisers)."""
+  one = jnp.zeros((1, 1), jnp.int32)
+  variables = T5Network(config).init(key, one, jnp.ones((1, 1), bool), one)
+  return T5(params=variables["params"], config=config)
+
+
+def config_for(preset: str, *, vocab_size: int = VOCAB_SIZE, max_length: int = 512) -> T5Config:
+  """The `T5Config` of a preset (`PRESETS`)."""
+  if preset not in PRESETS:
+    raise ValueError(f"unknown T5 preset {preset!r}; known presets: {', '.join(PRESETS)}")
+  return T5Config(vocab_size=vocab_size, max_len=max_length, **PRESETS[preset])
+
+
+def build(preset: str, *, vocab_size: int = VOCAB_SIZE, seed: int = 0, max_length: int = 512) -> T5:
+  """A randomly initialised T5 of a preset; load trained weights with `specdec.training.convert`."""
+  return init(config_for(preset, vocab_size=vocab_size, max_length=max_length), jax.random.PRNGKey(seed))
