@@ -1,0 +1,105 @@
+"""Quality and cost metrics of the speculative-cascades experiments (§6, App. F.1).
+
+Quality: BLEU for translation (sacrebleu's corpus BLEU, 13a tokenisation), ROUGE-2 for summarization
+(rouge-score's F-measure with stemming, averaged over examples, as Zhou et al. (2024)), and for the LM task
+the verifier's mean per-token log-likelihood of the generated text. Cost: the counters of
+`specdec.decoding.Output.stats`, summed over examples, as rates (rejection rate: Figure 3, App. F.6).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sacrebleu
+from rouge_score import rouge_scorer
+
+from specdec.decoding.common import STAT_NAMES, Stats
+from specdec.models.base import Model
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+  """Corpus BLEU in [0, 100] of hypotheses against one reference each (sacrebleu defaults: 13a)."""
+  _check_pairs(hypotheses, references)
+  return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
+
+
+@functools.cache
+def _rouge2_scorer() -> rouge_scorer.RougeScorer:
+  return rouge_scorer.RougeScorer(["rouge2"], use_stemmer=True)
+
+
+def rouge2(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+  """Mean over examples of the ROUGE-2 F-measure (Porter stemming), × 100."""
+  _check_pairs(hypotheses, references)
+  scorer = _rouge2_scorer()
+  return float(100.0 * np.mean([scorer.score(ref, hyp)["rouge2"].fmeasure
+                                for hyp, ref in zip(hypotheses, references)]))
+
+
+def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+  if len(hypotheses) != len(references) or not hypotheses:
+    raise ValueError(f"need as many hypotheses as references, at least one; got {len(hypotheses)} "
+                     f"and {len(references)}")
+
+
+@jax.jit
+def _next_token_log_probs(model: Model, rows: jax.Array) -> jax.Array:
+  """log p_raw(rows[:, t+1] | rows[:, :t+1]) [B, W-1] at temperature 1, teacher-forced."""
+  log_probs = jax.nn.log_softmax(model.logits(rows[:, :-1]).astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(log_probs, rows[:, 1:, None], axis=-1)[..., 0]
+
+
+def log_likelihood(model: Model, prompts: np.ndarray, prompt_lengths: np.ndarray, tokens: np.ndarray,
+                   lengths: np.ndarray) -> np.ndarray:
+  """Per row, the mean of log p_raw(x_t | prompt, x_<t) over the generated tokens x_1 … x_n [B].
+
+  prompts [B, L] (row b's prompt is prompts[b, :prompt_lengths[b]], at least one token), tokens [B, N]
+  with lengths [B] ≥ 1 generated tokens (EOS included when emitted), as `decoding.generate` returns them.
+  The LM task's quality: `model` is the verifier, whose log-likelihood of the text scores it (§6).
+  """
+  prompts, tokens = np.asarray(prompts), np.asarray(tokens)
+  prompt_lengths, lengths = np.asarray(prompt_lengths), np.asarray(lengths)
+  if np.any(prompt_lengths < 1) or np.any(lengths < 1):
+    raise ValueError("log_likelihood needs at least one prompt token and one generated token per row")
+  # Row b: its prompt, then its generated tokens, then padding (causal attention never sees it).
+  positions = np.arange(prompts.shape[1] + tokens.shape[1])[None, :]
+  generated_index = np.clip(positions - prompt_lengths[:, None], 0, tokens.shape[1] - 1)
+  rows = np.where(positions < prompt_lengths[:, None],
+                  np.pad(prompts, ((0, 0), (0, tokens.shape[1]))),
+                  np.take_along_axis(tokens, generated_index, axis=1))
+  log_probs = np.asarray(_next_token_log_probs(model, jnp.asarray(rows, jnp.int32)))
+  # log_probs[:, j] scores the token at position j + 1.
+  targets = positions[:, 1:]
+  is_generated = (targets >= prompt_lengths[:, None]) & (targets < (prompt_lengths + lengths)[:, None])
+  return np.sum(np.where(is_generated, log_probs, 0.0), axis=1) / lengths
+
+
+def cost_metrics(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, float | None]:
+  """Cost rates of a run from per-row counters (summed over rows first); None where undefined.
+
+  rejection_rate            rejected / drafted (blocks with a rejection per draft token; with γ = 1 the
+                            fraction of drafts the verifier replaced, the x-axis of Figure 3)
+  deferral_rate             deferred / generated (emitted tokens whose target was not the drafter's)
+  tokens_per_verifier_call  generated / verifier_calls
+  drafter_calls_per_token   drafter_calls / generated
+  verifier_calls_per_token  verifier_calls / generated
+  """
+  totals = count_totals(stats)
+
+  def ratio(num: str, den: str) -> float | None:
+    return totals[num] / totals[den] if totals[den] else None
+
+  return {"rejection_rate": ratio("rejected", "drafted"), "deferral_rate": ratio("deferred", "generated"),
+          "tokens_per_verifier_call": ratio("generated", "verifier_calls"),
+          "drafter_calls_per_token": ratio("drafter_calls", "generated"),
+          "verifier_calls_per_token": ratio("verifier_calls", "generated")}
+
+
+def count_totals(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, int]:
+  """Each counter of `Stats` summed over rows."""
+  get = stats.get if isinstance(stats, Mapping) else functools.partial(getattr, stats)
+  return {name: int(np.sum(np.asarray(get(name)))) for name in STAT_NAMES}

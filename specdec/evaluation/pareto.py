@@ -1,0 +1,226 @@
+"""Pareto frontiers, the paper's Table 2 and its Figure 3 / Figure 4 plots, from sweep results (§6, App. F).
+
+Records (`sweep.run`'s JSON lines) are grouped by run context (pair, task, settings), temperature and
+top-P; in a group, the verifier alone is the large model, the drafter alone the small one, and every other
+record belongs to a series: its family, split by γ or BiLD's α_f when the family sweeps several.
+
+Table 2 (one table per group, relative latency = seconds per example / the large model's):
+  latency↓ when matching the large model's quality: 1 / the smallest relative latency among the series'
+      points whose quality ≥ the large model's (a speed-up factor, as the paper's "1.55×"; < 1 is slower);
+  best quality without exceeding the large model's latency: the largest quality among the points with
+      relative latency ≤ 1.
+Both use measured operating points only, with exact comparisons: no interpolation along the frontier,
+since a point between two α values is not a run anyone measured (the paper reports "the lowest latency at
+which quality matches"). "—" when no point qualifies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+
+from specdec.evaluation.sweep import read_results  # noqa: E402
+
+Record = dict[str, Any]
+
+# Series order: Table 2's rows (baselines, old deferral rules, new ones), then the appendix variants.
+_ORDER = [("seq_cascade", None), ("token_cascade", "chow"), ("token_cascade", "chow_log"),
+          ("speculative", "spec"), ("speculative", "lossy"), ("speculative", "lossy_tuned"),
+          ("speculative", "bild"), ("bild", None)] + [
+              ("speculative", rule) for rule in ("chow", "chow_log", "diff", "diff_log", "opt", "opt_log",
+                                                 "token_v1", "token_v2", "token_v3")]
+
+
+def frontier(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+  """The Pareto-optimal (cost, quality) pairs, by increasing cost: those no other pair beats with cost ≤
+  and quality ≥ (one strict). Cost is relative latency or rejection rate; quality is higher-better."""
+  best, optimal = -math.inf, []
+  for cost, quality in sorted(points, key=lambda pair: (pair[0], -pair[1])):
+    if quality > best:
+      optimal.append((cost, quality))
+      best = quality
+  return optimal
+
+
+@dataclasses.dataclass
+class Group:
+  """The records of one (context, temperature, top-P): the large and small models alone and the series."""
+  title: str
+  metric: str
+  large: Record | None
+  small: Record | None
+  series: dict[str, list[Record]]
+
+
+def _model_name(identity: dict[str, Any]) -> str:
+  if "path" in identity:
+    return os.path.basename(os.path.normpath(identity["path"]))
+  return f"{identity['preset']} (seed {identity['seed']})"
+
+
+def _series_names(records: list[Record]) -> list[str]:
+  """Family names, suffixed with γ and α_f where that family holds several values of them."""
+  symbols = {"gamma": "γ", "fallback_alpha": "α_f"}
+  values: dict[tuple[str, str], set] = {}
+  for r in records:
+    for name in symbols:
+      values.setdefault((r["family"], name), set()).add(r["point"][name])
+  return [r["family"] + "".join(f" [{symbol}={r['point'][name]}]" for name, symbol in symbols.items()
+                                if len(values[r["family"], name]) > 1) for r in records]
+
+
+def _series_rank(named: tuple[str, Record]) -> tuple[int, str]:
+  name, record = named
+  method = (record["point"]["method"], record["point"]["rule"])
+  return (_ORDER.index(method) if method in _ORDER else len(_ORDER), name)
+
+
+def group_records(records: Sequence[Record]) -> list[Group]:
+  """Groups records (the last record of each hash wins), in order of first appearance; series in the
+  paper's row order (Table 2), then by name."""
+  unique = list({r["hash"]: r for r in records}.values())
+  keys: dict[tuple, list[Record]] = {}
+  for r in unique:
+    keys.setdefault((r["context_hash"], r["point"]["temperature"], r["point"]["top_p"]), []).append(r)
+  groups = []
+  for (context_hash, temperature, top_p), members in keys.items():
+    context = members[0]["context"]
+    by_model = {r["point"]["model"]: r for r in members if r["point"]["model"] != "pair"}
+    pair = [r for r in members if r["point"]["model"] == "pair"]
+    series: dict[str, list[Record]] = {}
+    for name, r in sorted(zip(_series_names(pair), pair), key=_series_rank):
+      series.setdefault(name, []).append(r)
+    title = (f"{context['task']}: {_model_name(context['drafter'])} → {_model_name(context['verifier'])}, "
+             f"T={temperature:g}, top-P={top_p:g}")
+    if len({key[0] for key in keys if key[1:] == (temperature, top_p)}) > 1:  # other settings, same title
+      title += f" [run {context_hash[:6]}]"
+    groups.append(Group(title=title, metric=members[0]["metric"], large=by_model.get("verifier"),
+                        small=by_model.get("drafter"), series=series))
+  return groups
+
+
+@dataclasses.dataclass
+class Table2Row:
+  """One method's Table 2 entries; the points chosen are kept for reference (None: none qualifies)."""
+  name: str
+  matching: Record | None   # the fastest point with quality ≥ the large model's
+  best: Record | None       # the best-quality point with relative latency ≤ 1
+
+  @property
+  def speedup(self) -> float | None:
+    return None if self.matching is None else 1.0 / self.matching["relative_latency"]
+
+
+def table2_rows(group: Group) -> list[Table2Row]:
+  """Table 2 for one group: the small model first, then the series (in the paper's row order)."""
+  if group.large is None:
+    raise ValueError(f"{group.title}: no record of the verifier alone, the reference of Table 2")
+  candidates = ([("Small (drafter)", [group.small])] if group.small else []) + list(group.series.items())
+  rows = []
+  for name, records in candidates:
+    matching = [r for r in records if r["quality"] >= group.large["quality"]]
+    within = [r for r in records if r["relative_latency"] <= 1.0]
+    rows.append(Table2Row(name=name, matching=min(matching, key=lambda r: r["relative_latency"], default=None),
+                          best=max(within, key=lambda r: r["quality"], default=None)))
+  return rows
+
+
+def _parameters(record: Record) -> str:
+  alpha = record["point"]["alpha"]
+  latency = f"latency {record['relative_latency']:.2f}"
+  return f" (α={alpha:g}, {latency})" if alpha is not None else f" ({latency})"
+
+
+def table2_markdown(records: Sequence[Record]) -> str:
+  """The paper's Table 2 as Markdown, one table per group (see the module docstring for definitions)."""
+  sections = []
+  for group in group_records(records):
+    large, metric = group.large, group.metric
+    lines = [f"### {group.title}", ""]
+    if large is None:
+      sections.append("\n".join(lines + ["No record of the verifier alone: Table 2 needs it.", ""]))
+      continue
+    lines += [f"Large model (verifier alone): {metric} {large['quality']:.2f}, "
+              f"{large['seconds_per_example'] * 1e3:.1f} ms per example (batch 1).", "",
+              f"| method | latency↓ when matching large model's quality | best {metric} without exceeding "
+              f"large model's latency |", "|---|---|---|"]
+    for row in table2_rows(group):
+      matching = "—" if row.matching is None else f"{row.speedup:.2f}×{_parameters(row.matching)}"
+      best = "—" if row.best is None else f"{row.best['quality']:.2f}{_parameters(row.best)}"
+      lines.append(f"| {row.name} | {matching} | {best} |")
+    sections.append("\n".join(lines + [""]))
+  return "\n".join(sections)
+
+
+def _axes(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
+  columns = min(n, 2)
+  rows = math.ceil(n / columns)
+  figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.5 * rows), squeeze=False)
+  for extra in axes.flat[n:]:
+    extra.set_visible(False)
+  return figure, list(axes.flat[:n])
+
+
+def _plot(records: Sequence[Record], path: str | os.PathLike, cost: str, cost_label: str) -> None:
+  groups = group_records(records)
+  if not groups:
+    raise ValueError("no records to plot")
+  figure, axes = _axes(len(groups))
+  for ax, group in zip(axes, groups):
+    for name, members in group.series.items():
+      points = [(r[cost] if cost == "relative_latency" else r["costs"][cost], r["quality"]) for r in members]
+      points = [(x, y) for x, y in points if x is not None]
+      if not points:
+        continue
+      optimal = frontier(points)
+      (line,) = ax.plot(*zip(*optimal), marker="o", markersize=4, label=name)
+      dominated = [p for p in points if p not in optimal]
+      if dominated:
+        ax.scatter(*zip(*dominated), s=10, color=line.get_color(), alpha=0.35)
+    if group.large is not None:
+      ax.axhline(group.large["quality"], color="black", linestyle=":", linewidth=1)
+    if cost == "relative_latency":  # the models alone sit on the latency axis only
+      for record, marker, name in ((group.small, "*", "Small (drafter)"), (group.large, "s", "Large (verifier)")):
+        if record is not None:
+          ax.scatter([record["relative_latency"]], [record["quality"]], marker=marker, s=80, color="black",
+                     label=name, zorder=3)
+    ax.set_title(group.title, fontsize=9)
+    ax.set_xlabel(cost_label)
+    ax.set_ylabel(group.metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+def plot_latency(records: Sequence[Record], path: str | os.PathLike) -> None:
+  """Figure 4: quality vs latency relative to the large model, one line per method along its frontier,
+  the models alone as markers, the large model's quality as a dotted line; one panel per group."""
+  _plot(records, path, "relative_latency", "latency relative to the large model")
+
+
+def plot_rejection(records: Sequence[Record], path: str | os.PathLike) -> None:
+  """Figure 3: quality vs rejection rate (rejected blocks per draft token) for the methods that draft,
+  frontier lines, the large model's quality as a dotted line."""
+  _plot(records, path, "rejection_rate", "rejection rate")
+
+
+def report(results: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, str]:
+  """Writes pareto.png (Figure 4), rejection.png (Figure 3) and table.md (Table 2) from a results file."""
+  records = read_results(results)
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {name: os.path.join(out_dir, name) for name in ("pareto.png", "rejection.png", "table.md")}
+  plot_latency(records, paths["pareto.png"])
+  plot_rejection(records, paths["rejection.png"])
+  with open(paths["table.md"], "w") as f:
+    f.write(table2_markdown(records))
+  return paths

@@ -1,0 +1,565 @@
+"""Quality-vs-latency sweeps of the speculative-cascades comparison (§6, Figures 3–4, Table 2, App. F).
+
+An `Experiment` names a drafter/verifier pair, a task split and a grid: method families (`Family`: a
+legend entry such as SpecCascade [OPT] and the α values it sweeps) × temperatures × top-P values × block
+sizes γ. Each grid point is decoded on the task's examples in large batches and scored with the task's
+metric, then timed by the paper's protocol (App. F.1): batch size 1, the compiling warm-up call excluded,
+the mean over `n_latency_examples` × `latency_trials` decodes, relative to the verifier decoding alone
+(autoregressive, same temperature and top-P) on the same examples, timed interleaved with the point
+(example by example), so the ratio holds on a shared machine. That baseline point is part of every grid
+(its own quality and latency). Results are JSON lines, one per point, appended and fsynced as each point finishes; a rerun skips
+the points whose hash is already stored and drops a half-written last line, so a killed sweep resumes
+without losing or duplicating anything.
+
+One function per concern:
+  expand_grid(experiment) -> [Point]        the grid in canonical form, validated before any compute
+  load_workload(experiment) -> Workload     models and examples, checked against the grid (`check_fits`)
+  run_point(point, workload) -> dict        quality (batched) and latency (batch 1) of one point
+  read_results / drop_partial_line / append_result    the JSONL store
+  run(experiment) -> [record]               all of it, with a progress bar
+  parse_gin(files, bindings) -> Experiment  t5x-style configuration (configs/)
+
+Sweep parameters (α, temperature, top-P, BiLD's α_f) are traced in `decoding.generate`, so points that
+share (method, rule, γ, model) reuse one compiled loop per batch shape; every point decodes with the
+same keys (common random numbers across α).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+import tqdm
+
+from specdec import checks, decoding, models, targets
+from specdec.data import SPLITS, tasks
+from specdec.data.vocab import Vocabulary, load_vocabulary
+from specdec.decoding import common
+from specdec.evaluation import metrics
+from specdec.models.base import Model
+from specdec.training import checkpoint
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# The parameters each method reads; the others are None in a canonical point (so equal runs hash equally).
+_USES = {
+    "autoregressive": (),
+    "speculative": ("rule", "alpha", "gamma"),
+    "token_cascade": ("rule", "alpha"),
+    "seq_cascade": ("alpha",),
+    "oracle_cascade": ("rule", "alpha"),
+    "bild": ("alpha", "gamma", "fallback_alpha"),
+}
+MODELS = ("pair", "drafter", "verifier")   # both models, or one of them decoding alone (autoregressive)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+  """A model: an exported directory (`checkpoint.save_params`), or a random-init `models.build` preset."""
+  path: str | None = None
+  preset: str | None = None
+  seed: int = 0                    # preset only
+  vocab_size: int | None = None    # preset only; None: the vocabulary's size
+  max_length: int = 512            # preset only
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One method of the comparison (one legend entry) and the values its trade-off parameters take.
+
+  method: a `decoding.METHODS` name; rule: a `targets.RULES` name (speculative, token_cascade,
+  oracle_cascade); model: for autoregressive, 'verifier' (default: the large model alone) or 'drafter'.
+  gammas: None takes the experiment's. fallback_alphas: the original BiLD's α_f (App. F.5).
+  """
+  name: str
+  method: str
+  rule: str = "spec"
+  alphas: Sequence[float] = (0.0,)
+  fallback_alphas: Sequence[float] = (0.5,)
+  gammas: Sequence[int] | None = None
+  model: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """A pair, a task split and a grid. `max_new_tokens` None: the task's target budget; `max_prompt_tokens`
+  re-encodes the inputs with a smaller budget (the input is cut before the separator)."""
+  drafter: ModelSource
+  verifier: ModelSource
+  task: str
+  families: Sequence[Family]
+  split: str = "validation"
+  source: str = "auto"
+  n_examples: int = 100
+  batch_size: int = 32
+  max_new_tokens: int | None = None
+  max_prompt_tokens: int | None = None
+  n_latency_examples: int = 20
+  latency_trials: int = 3
+  temperatures: Sequence[float] = (1.0,)
+  top_ps: Sequence[float] = (1.0,)
+  gammas: Sequence[int] = (5,)
+  seed: int = 0
+  output: str = "outputs/sweep/results.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One grid point in canonical form: parameters its method does not read are None. `family` is the
+  legend label; it is stored but not hashed."""
+  family: str
+  method: str
+  model: str
+  rule: str | None
+  alpha: float | None
+  gamma: int | None
+  temperature: float
+  top_p: float
+  fallback_alpha: float | None
+
+  def config(self) -> dict[str, Any]:
+    """What determines the run (everything but the label)."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if k != "family"}
+
+  @property
+  def is_baseline(self) -> bool:
+    """The verifier decoding alone: the latency reference of its (temperature, top-P)."""
+    return self.model == "verifier"
+
+
+# --- grid expansion and validation -------------------------------------------------------------------
+
+def _values(owner: str, name: str, values: Any) -> list:
+  if not isinstance(values, (list, tuple)) or not values:
+    raise ValueError(f"{owner}: {name} must be a non-empty list; got {values!r}")
+  return list(values)
+
+
+def _check_int(name: str, value: Any, lo: int) -> None:
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
+    raise ValueError(f"{name} must be an int >= {lo}; got {value!r}")
+
+
+def _check_experiment(experiment: Experiment) -> None:
+  tasks.get_task(experiment.task)
+  if experiment.split not in SPLITS:
+    raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {experiment.split!r}")
+  _check_int("n_examples", experiment.n_examples, 1)
+  _check_int("batch_size", experiment.batch_size, 1)
+  _check_int("n_latency_examples", experiment.n_latency_examples, 1)
+  if experiment.n_latency_examples > experiment.n_examples:
+    raise ValueError(f"n_latency_examples must lie in [1, n_examples={experiment.n_examples}]; got "
+                     f"{experiment.n_latency_examples}")
+  _check_int("latency_trials", experiment.latency_trials, 1)
+  for name in ("max_new_tokens", "max_prompt_tokens"):
+    if getattr(experiment, name) is not None:
+      _check_int(name, getattr(experiment, name), 1)
+  for role in ("drafter", "verifier"):
+    source = getattr(experiment, role)
+    if (source.path is None) == (source.preset is None):
+      raise ValueError(f"{role}: give exactly one of path (an exported model) and preset; got {source}")
+    if source.preset is not None and source.preset not in models.PRESETS:
+      raise ValueError(f"{role}: unknown preset {source.preset!r}; known: {', '.join(models.PRESETS)}")
+  for t in _values("experiment", "temperatures", experiment.temperatures):
+    checks.check_temperature(t)
+  for p in _values("experiment", "top_ps", experiment.top_ps):
+    checks.check_top_p(p)
+  _values("experiment", "families", experiment.families)
+
+
+def _check_family(family: Family, gammas: list) -> None:
+  """The checks `decoding.generate` makes, on every value the family sweeps (App. F.1 ranges)."""
+  if family.method not in decoding.METHODS:
+    raise ValueError(f"unknown method {family.method!r}; choose one of {', '.join(decoding.METHODS)}")
+  if family.method == "autoregressive":
+    if family.model not in (None, "drafter", "verifier"):
+      raise ValueError(f"model must be 'drafter' or 'verifier' for autoregressive; got {family.model!r}")
+  elif family.model is not None:
+    raise ValueError(f"model applies to autoregressive only (one model alone); got {family.model!r} "
+                     f"for {family.method!r}")
+  targets.check_rule(family.rule)
+  if family.method == "token_cascade" and family.rule not in ("chow", "chow_log"):
+    raise ValueError(f"rule must be chow or chow_log for token_cascade (it defers on q alone); got "
+                     f"{family.rule!r}")
+  for alpha in _values(family.name, "alphas", family.alphas):
+    if family.method == "bild":
+      targets.check_alpha("bild", alpha)
+    elif family.method == "seq_cascade":
+      checks.check_range("alpha (seq_cascade)", alpha, 0.0, 1.0, hi_closed=False)
+    elif "alpha" in _USES[family.method]:
+      targets.check_alpha(family.rule, alpha)
+  for fallback_alpha in _values(family.name, "fallback_alphas", family.fallback_alphas):
+    checks.check_range("fallback_alpha", fallback_alpha, 0.0, 1.0)
+  for gamma in gammas:
+    checks.check_gamma(gamma)
+
+
+def _family_points(family: Family, experiment: Experiment) -> list[Point]:
+  gammas = _values(family.name, "gammas", experiment.gammas if family.gammas is None else family.gammas)
+  try:
+    _check_family(family, gammas)
+  except ValueError as e:
+    raise ValueError(f"family {family.name!r}: {e}") from None
+  uses = _USES[family.method]
+  model = "pair" if family.method != "autoregressive" else (family.model or "verifier")
+  reads_alpha = "alpha" in uses and not (family.method == "speculative" and family.rule == "spec")
+  points = []
+  for temperature in experiment.temperatures:
+    for top_p in experiment.top_ps:
+      for gamma in gammas:
+        for alpha in family.alphas:
+          for fallback_alpha in family.fallback_alphas:
+            point = Point(family=family.name, method=family.method, model=model,
+                          rule=family.rule if "rule" in uses else None,
+                          alpha=float(alpha) if reads_alpha else None,
+                          gamma=int(gamma) if "gamma" in uses else None,
+                          temperature=float(temperature), top_p=float(top_p),
+                          fallback_alpha=float(fallback_alpha) if "fallback_alpha" in uses else None)
+            if point not in points:
+              points.append(point)
+  return points
+
+
+def baseline_point(temperature: float, top_p: float) -> Point:
+  """The verifier alone at (temperature, top-P): every grid holds it (the latency reference)."""
+  return Point(family="Large (verifier)", method="autoregressive", model="verifier", rule=None, alpha=None,
+               gamma=None, temperature=float(temperature), top_p=float(top_p), fallback_alpha=None)
+
+
+def expand_grid(experiment: Experiment) -> list[Point]:
+  """Every point of the grid, validated, canonical and distinct, plus the verifier baselines; baselines
+  first, then grouped by compiled signature (model, method, rule, γ). Raises ValueError naming the family
+  and parameter (with its allowed range) on the first bad value, before anything runs."""
+  _check_experiment(experiment)
+  owner: dict[tuple, str] = {}
+  points = []
+  for family in experiment.families:
+    for point in _family_points(family, experiment):
+      config = tuple(point.config().items())
+      if config in owner:
+        raise ValueError(f"families {owner[config]!r} and {family.name!r} both contain the point "
+                         f"{point.config()}; give each run one family")
+      owner[config] = family.name
+      points.append(point)
+  for temperature in experiment.temperatures:
+    for top_p in experiment.top_ps:
+      baseline = baseline_point(temperature, top_p)
+      if tuple(baseline.config().items()) not in owner:
+        points.append(baseline)
+  return sorted(points, key=lambda p: (not p.is_baseline, p.model, p.method, p.rule or "", p.gamma or 0,
+                                       p.temperature, p.top_p, p.alpha or 0.0, p.fallback_alpha or 0.0))
+
+
+# --- models and examples -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """What every point decodes: prompts [N, W] right-padded to one width W (one compile per shape),
+  prompt_lengths [N], references (target texts), latency_rows [n_latency] (a seeded sample)."""
+  drafter: Model
+  verifier: Model
+  task: tasks.Task
+  vocab: Vocabulary
+  prompts: np.ndarray
+  prompt_lengths: np.ndarray
+  references: list[str]
+  latency_rows: np.ndarray
+  max_new_tokens: int
+  batch_size: int
+  latency_trials: int
+  seed: int
+
+
+def _load_model(source: ModelSource, vocab: Vocabulary) -> Model:
+  if source.path is not None:
+    return checkpoint.load_model(source.path)
+  return models.build(source.preset, vocab_size=source.vocab_size or vocab.vocab_size, seed=source.seed,
+                      max_length=source.max_length)
+
+
+def load_workload(experiment: Experiment) -> Workload:
+  """Loads the pair and the first `n_examples` examples of the task split (tokenized as the task does)."""
+  vocab = load_vocabulary()
+  task = tasks.get_task(experiment.task)
+  split = tasks.tokenized(experiment.task, experiment.split, source=experiment.source)
+  if len(split) < experiment.n_examples:
+    raise ValueError(f"n_examples={experiment.n_examples} but {experiment.task}/{experiment.split} has "
+                     f"{len(split)} examples")
+  rows = np.arange(experiment.n_examples)
+  if experiment.max_prompt_tokens is not None:
+    if task.input_field is None:
+      raise ValueError(f"max_prompt_tokens applies to tasks with inputs; {task.name} prompts with its "
+                       f"first {task.lm_prompt_tokens} tokens")
+    task = dataclasses.replace(task, max_input_tokens=experiment.max_prompt_tokens)
+    split = tasks.tokenize(task, vocab, split.records[:experiment.n_examples])
+  prompts, prompt_lengths = split.prompts(rows)
+  latency_rows = np.sort(np.random.default_rng(experiment.seed).permutation(experiment.n_examples)[
+      :experiment.n_latency_examples])
+  return Workload(
+      drafter=_load_model(experiment.drafter, vocab), verifier=_load_model(experiment.verifier, vocab),
+      task=task, vocab=vocab, prompts=prompts, prompt_lengths=prompt_lengths,
+      references=[split.records[i][task.target_field] for i in rows], latency_rows=latency_rows,
+      max_new_tokens=experiment.max_new_tokens or task.max_target_tokens,
+      batch_size=min(experiment.batch_size, experiment.n_examples),
+      latency_trials=experiment.latency_trials, seed=experiment.seed)
+
+
+def check_fits(points: Sequence[Point], workload: Workload) -> None:
+  """The checks `generate` makes on prompts and models (vocabulary, lengths, cache room for the largest γ),
+  once for the whole grid."""
+  common.check_models(workload.drafter, workload.verifier)
+  gamma = max(p.gamma or 1 for p in points)
+  cache_length = decoding.cache_length_for(workload.prompts.shape[1], workload.max_new_tokens, gamma)
+  try:
+    common.check_prompts(workload.prompts, workload.prompt_lengths, cache_length,
+                         [workload.drafter, workload.verifier])
+  except ValueError as e:
+    raise ValueError(f"{e} (Experiment.max_prompt_tokens, max_new_tokens)") from None
+
+
+# --- running one point -----------------------------------------------------------------------------------
+
+def _decode(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray) -> decoding.Output:
+  drafter = workload.drafter if point.model == "pair" else None
+  verifier = workload.drafter if point.model == "drafter" else workload.verifier
+  return decoding.generate(
+      key, drafter, verifier, workload.prompts[rows], workload.prompt_lengths[rows], method=point.method,
+      rule=point.rule or "spec", alpha=point.alpha or 0.0, gamma=point.gamma or 1,
+      temperature=point.temperature, top_p=point.top_p,
+      fallback_alpha=0.5 if point.fallback_alpha is None else point.fallback_alpha,
+      max_new_tokens=workload.max_new_tokens, eos_id=workload.vocab.eos_id)
+
+
+def _batches(workload: Workload) -> list[np.ndarray]:
+  """Row indices per batch, the last padded with its final row (static shapes; padding is discarded)."""
+  n, size = len(workload.prompts), workload.batch_size
+  return [np.minimum(np.arange(start, start + size), n - 1) for start in range(0, n, size)]
+
+
+def quality(point: Point, workload: Workload) -> tuple[float, dict[str, int]]:
+  """The task metric of the point's outputs on all examples, and its counters summed over examples."""
+  key = jax.random.fold_in(jax.random.PRNGKey(workload.seed), 0)
+  n = len(workload.prompts)
+  scores, hypotheses = [], []
+  totals = dict.fromkeys(common.STAT_NAMES, 0)
+  for index, rows in enumerate(_batches(workload)):
+    out = _decode(point, workload, jax.random.fold_in(key, index), rows)
+    real = min(len(rows), n - index * workload.batch_size)
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    for name, count in metrics.count_totals({name: np.asarray(getattr(out.stats, name))[:real]
+                                             for name in common.STAT_NAMES}).items():
+      totals[name] += count
+    if workload.task.metric == "log_likelihood":
+      scores.append(metrics.log_likelihood(workload.verifier, workload.prompts[rows],
+                                           workload.prompt_lengths[rows], tokens, lengths)[:real])
+    else:
+      hypotheses += [workload.vocab.decode(row[:length]) for row, length in zip(tokens[:real], lengths[:real])]
+  if point.model == "drafter":  # the drafter ran as `generate`'s verifier: its calls are drafter calls
+    totals["drafter_calls"], totals["verifier_calls"] = totals["verifier_calls"], 0
+  if workload.task.metric == "log_likelihood":
+    return float(np.mean(np.concatenate(scores))), totals
+  score = {"bleu": metrics.bleu, "rouge2": metrics.rouge2}[workload.task.metric]
+  return score(hypotheses, workload.references), totals
+
+
+def latency(point: Point, workload: Workload, baseline: Point | None = None) -> tuple[float, float | None]:
+  """Mean wall-clock seconds per example at batch size 1 (App. F.1): one warm-up call (compilation)
+  excluded, then `latency_trials` passes over the latency examples. With a `baseline` point, it is timed
+  on each example right after the point (same key), and its mean comes second: on a shared machine the
+  ratio of interleaved timings is stable where timings taken minutes apart are not."""
+  key = jax.random.fold_in(jax.random.PRNGKey(workload.seed), 1)
+  rows = workload.latency_rows
+  timed = [point] if baseline is None else [point, baseline]
+  for each in timed:
+    jax.block_until_ready(_decode(each, workload, key, rows[:1]).tokens)
+  totals = [0.0] * len(timed)
+  for _ in range(workload.latency_trials):
+    for row in rows:
+      for i, each in enumerate(timed):
+        start = time.perf_counter()
+        jax.block_until_ready(_decode(each, workload, jax.random.fold_in(key, row), np.array([row])).tokens)
+        totals[i] += time.perf_counter() - start
+  means = [total / (len(rows) * workload.latency_trials) for total in totals]
+  return means[0], (means[1] if baseline is not None else None)
+
+
+def run_point(point: Point, workload: Workload) -> dict[str, Any]:
+  """Quality, absolute latency, cost rates and counters of one point, and the verifier-alone baseline's
+  latency timed interleaved with it (`latency`; for a baseline point, its own)."""
+  score, totals = quality(point, workload)
+  baseline = None if point.is_baseline else baseline_point(point.temperature, point.top_p)
+  seconds, baseline_seconds = latency(point, workload, baseline)
+  return {"quality": score, "seconds_per_example": seconds,
+          "baseline_seconds_per_example": seconds if baseline_seconds is None else baseline_seconds,
+          "costs": metrics.cost_metrics(totals), "counters": totals}
+
+
+# --- hashing and the results file --------------------------------------------------------------------------
+
+def _digest(value: Any) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=8)
+def _directory_digest(path: str) -> str:
+  digest = hashlib.sha256()
+  root = pathlib.Path(path)
+  for file in sorted(p for p in root.rglob("*") if p.is_file()):
+    digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+  return digest.hexdigest()[:16]
+
+
+def _model_identity(source: ModelSource, model: Model) -> dict[str, Any]:
+  if source.path is not None:
+    return {"path": source.path, "content": _directory_digest(os.path.abspath(source.path))}
+  return {"preset": source.preset, "seed": source.seed, "vocab_size": model.vocab_size,
+          "max_length": model.max_length}
+
+
+def context(experiment: Experiment, workload: Workload) -> dict[str, Any]:
+  """Everything besides the point that determines a result: the pair (directory contents or preset and
+  seed), the examples (a digest of prompts and references) and the run settings."""
+  data = hashlib.sha256(workload.prompts.tobytes() + workload.prompt_lengths.tobytes()
+                        + json.dumps(workload.references).encode()).hexdigest()[:16]
+  return {"drafter": _model_identity(experiment.drafter, workload.drafter),
+          "verifier": _model_identity(experiment.verifier, workload.verifier),
+          "task": experiment.task, "split": experiment.split, "data": data,
+          "n_examples": experiment.n_examples, "batch_size": workload.batch_size,
+          "max_new_tokens": workload.max_new_tokens, "max_prompt_tokens": experiment.max_prompt_tokens,
+          "n_latency_examples": experiment.n_latency_examples, "latency_trials": experiment.latency_trials,
+          "seed": experiment.seed}
+
+
+def point_hash(point: Point, run_context: dict[str, Any]) -> str:
+  """A stable 16-hex-digit hash of the point's config and the context (not the label, commit or device)."""
+  return _digest({"point": point.config(), "context": run_context})
+
+
+def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """The records of a results file ([] when absent). A last line without its newline (a write cut short
+  by a kill) is left out; any other unreadable line raises ValueError."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  lines = path.read_text().split("\n")
+  records = []
+  for number, line in enumerate(lines[:-1], 1):  # the last piece follows the last newline
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{number} is not a JSON record ({e}); only the last line may be cut short") from e
+  return records
+
+
+def drop_partial_line(path: str | os.PathLike) -> None:
+  """Truncates the file after its last newline, removing a half-written record."""
+  path = pathlib.Path(path)
+  if path.exists():
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+      with open(path, "r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def append_result(path: str | os.PathLike, record: dict[str, Any]) -> None:
+  """Appends one record as one line, flushed and fsynced before returning."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a") as f:
+    f.write(json.dumps(record, sort_keys=True) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def git_commit() -> str | None:
+  """HEAD of the repository, with '-dirty' when tracked files differ from it; None outside git."""
+  try:
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  return head + ("-dirty" if dirty else "")
+
+
+def device() -> str:
+  first = jax.devices()[0]
+  return (f"{first.platform}:{first.device_kind} x{jax.device_count()} | {platform.machine()} "
+          f"{os.cpu_count()} cpus | jax {jax.__version__}")
+
+
+# --- the sweep ----------------------------------------------------------------------------------------------
+
+def run(experiment: Experiment, *, progress: bool = True) -> list[dict[str, Any]]:
+  """Runs every point of the grid not yet in `experiment.output`, appending one record per point:
+
+    hash, context_hash, family, point (the canonical config), context, metric, quality,
+    seconds_per_example, relative_latency (to the verifier alone at the same temperature and top-P, timed
+    interleaved with the point), baseline {hash, seconds_per_example (of that interleaved timing)}, costs (metrics.cost_metrics), counters (summed over examples),
+    git_commit, device, seeds, finished_at.
+
+  Everything is validated before the first decode; nothing is written for a bad grid. Returns the
+  grid's records (stored and new) in grid order.
+  """
+  points = expand_grid(experiment)
+  workload = load_workload(experiment)
+  check_fits(points, workload)
+  run_context = context(experiment, workload)
+  hashes = {point: point_hash(point, run_context) for point in points}
+  drop_partial_line(experiment.output)
+  stored = {record["hash"]: record for record in read_results(experiment.output)}
+  pending = [point for point in points if hashes[point] not in stored]
+  shared = {"context_hash": _digest(run_context), "context": run_context, "metric": workload.task.metric,
+            "git_commit": git_commit(), "device": device(),
+            "seeds": {"sweep": experiment.seed,
+                      "drafter": experiment.drafter.seed if experiment.drafter.preset else None,
+                      "verifier": experiment.verifier.seed if experiment.verifier.preset else None}}
+  bar = tqdm.tqdm(pending, desc="sweep", unit="point", file=sys.stderr, disable=not progress)
+  for point in bar:
+    bar.set_postfix_str(f"{point.family} α={point.alpha} T={point.temperature} top_p={point.top_p}")
+    result = run_point(point, workload)
+    baseline_hash = point_hash(baseline_point(point.temperature, point.top_p), run_context)
+    baseline_seconds = result.pop("baseline_seconds_per_example")
+    record = {"hash": hashes[point], "family": point.family, "point": point.config(), **shared, **result,
+              "relative_latency": result["seconds_per_example"] / baseline_seconds,
+              "baseline": {"hash": baseline_hash, "seconds_per_example": baseline_seconds},
+              "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    append_result(experiment.output, record)
+    stored[hashes[point]] = record
+  return [stored[hashes[point]] for point in points]
+
+
+# --- gin ----------------------------------------------------------------------------------------------------
+
+@functools.cache
+def _gin_experiment():
+  """Registers the configurable classes once; returns the gin-configured `Experiment`."""
+  for cls in (ModelSource, Family):
+    gin.external_configurable(cls, cls.__name__)
+  return gin.external_configurable(Experiment, "Experiment")
+
+
+def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = ()) -> Experiment:
+  """The `Experiment` configured by gin files (looked up from the working directory, then the repository
+  root; later files and then bindings override), e.g. configs/experiments/quickstart.gin."""
+  configured = _gin_experiment()
+  gin.add_config_file_search_path(str(REPO_ROOT))
+  gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
+  return configured()

@@ -1,0 +1,85 @@
+"""Quality and cost metrics (specdec.evaluation.metrics) on hand-checked cases."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import models
+from specdec.decoding import Stats
+from specdec.evaluation import metrics
+
+
+def test_bleu_of_identical_corpora_is_100():
+  sentences = ["the cat sat on the mat", "ein Haus am See"]
+  assert metrics.bleu(sentences, sentences) == pytest.approx(100.0)
+
+
+def test_bleu_is_the_geometric_mean_of_ngram_precisions():
+  # Precisions 5/6, 3/5, 2/4, 1/3 (by hand); equal lengths, so no brevity penalty.
+  expected = 100.0 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25
+  assert metrics.bleu(["the cat sat on the mat"], ["the cat sat on a mat"]) == pytest.approx(expected, abs=1e-9)
+
+
+def test_bleu_brevity_penalty():
+  # "the cat sat on" against "the cat sat on the mat": every n-gram matches, BP = exp(1 − 6/4).
+  assert metrics.bleu(["the cat sat on"], ["the cat sat on the mat"]) == pytest.approx(
+      100.0 * math.exp(1 - 6 / 4), abs=1e-9)
+
+
+def test_rouge2_is_the_mean_f_measure_with_stemming():
+  # Example 2: hypothesis bigrams {the cat, cat sat}, reference {the cat, cat was, was sit} (stemmed):
+  # P = 1/2, R = 1/3, F = 0.4. Example 1 is identical (1.0); "cats sitting" stems to "cat sit" (1.0).
+  hypotheses = ["a new editor", "the cat sat", "cats sitting"]
+  references = ["a new editor", "the cat was sitting", "cat sits"]
+  assert metrics.rouge2(hypotheses, references) == pytest.approx(100.0 * (1.0 + 0.4 + 1.0) / 3)
+
+
+def test_rouge2_without_shared_bigrams_is_zero():
+  assert metrics.rouge2(["library for parsing"], ["daemon to monitor disks"]) == 0.0
+
+
+def test_metrics_reject_mismatched_lists():
+  with pytest.raises(ValueError, match="as many hypotheses as references"):
+    metrics.bleu(["a"], ["a", "b"])
+  with pytest.raises(ValueError, match="as many hypotheses as references"):
+    metrics.rouge2([], [])
+
+
+def test_log_likelihood_matches_scoring_each_row_alone():
+  model = models.build("tiny", vocab_size=64, seed=3, max_length=32)
+  rng = np.random.default_rng(0)
+  prompt_lengths, lengths = np.array([3, 1, 5]), np.array([4, 6, 1])
+  prompts = rng.integers(2, 64, (3, 5)) * (np.arange(5) < prompt_lengths[:, None])
+  tokens = rng.integers(2, 64, (3, 6)) * (np.arange(6) < lengths[:, None])
+  got = metrics.log_likelihood(model, prompts, prompt_lengths, tokens, lengths)
+  for b in range(3):
+    text = np.concatenate([prompts[b, :prompt_lengths[b]], tokens[b, :lengths[b]]])
+    log_probs = jax.nn.log_softmax(model.logits(jnp.asarray(text[None]))[0], axis=-1)
+    expected = np.mean([log_probs[t - 1, text[t]] for t in range(prompt_lengths[b], len(text))])
+    assert got[b] == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_log_likelihood_needs_a_prompt_token():
+  model = models.build("tiny", vocab_size=64, seed=3, max_length=32)
+  with pytest.raises(ValueError, match="at least one prompt token"):
+    metrics.log_likelihood(model, np.zeros((1, 2), int), np.array([0]), np.ones((1, 2), int), np.array([2]))
+
+
+def test_cost_metrics_sum_counters_over_examples_first():
+  stats = Stats(drafter_calls=jnp.array([14, 8]), verifier_calls=jnp.array([4, 2]), drafted=jnp.array([10, 5]),
+                accepted=jnp.array([8, 4]), rejected=jnp.array([2, 1]), deferred=jnp.array([3, 0]),
+                generated=jnp.array([12, 8]))
+  assert metrics.cost_metrics(stats) == pytest.approx({
+      "rejection_rate": 3 / 15, "deferral_rate": 3 / 20, "tokens_per_verifier_call": 20 / 6,
+      "drafter_calls_per_token": 22 / 20, "verifier_calls_per_token": 6 / 20})
+
+
+def test_cost_metrics_of_a_model_alone_leave_undefined_rates_out():
+  totals = {"drafter_calls": 0, "verifier_calls": 9, "drafted": 0, "accepted": 0, "rejected": 0, "deferred": 0,
+            "generated": 9}
+  costs = metrics.cost_metrics(totals)
+  assert costs["rejection_rate"] is None
+  assert costs["tokens_per_verifier_call"] == 1.0 and costs["drafter_calls_per_token"] == 0.0

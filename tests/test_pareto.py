@@ -1,0 +1,104 @@
+"""Pareto frontiers, Table 2 and the plots (specdec.evaluation.pareto, scripts/plot.py)."""
+
+import importlib.util
+import itertools
+import pathlib
+
+import pytest
+
+from specdec.evaluation import pareto
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIXTURE = REPO_ROOT / "tests" / "fixtures" / "sweep" / "results.jsonl"
+_ids = itertools.count()
+
+
+def _record(family, quality, latency, *, method="speculative", rule="lossy", alpha=0.1, model="pair",
+            temperature=1.0, gamma=5, rejection_rate=0.1):
+  point = {"method": method, "model": model, "rule": rule, "alpha": alpha, "gamma": gamma,
+           "temperature": temperature, "top_p": 1.0, "fallback_alpha": None}
+  return {"hash": f"h{next(_ids)}", "context_hash": "c", "metric": "bleu", "family": family, "point": point,
+          "context": {"task": "debian_en_de", "drafter": {"path": "m/small"}, "verifier": {"path": "m/large"}},
+          "quality": quality, "relative_latency": latency, "seconds_per_example": 0.01 * latency,
+          "costs": {"rejection_rate": rejection_rate}}
+
+
+def _large(quality, temperature=1.0):
+  return _record("Large (verifier)", quality, 1.0, method="autoregressive", rule=None, alpha=None,
+                 model="verifier", temperature=temperature, gamma=None, rejection_rate=None)
+
+
+def test_frontier_keeps_the_points_nothing_beats():
+  points = [(1.0, 10.0), (0.5, 8.0), (0.7, 7.0), (0.9, 10.0), (1.2, 12.0), (0.5, 6.0), (0.5, 8.0)]
+  assert pareto.frontier(points) == [(0.5, 8.0), (0.9, 10.0), (1.2, 12.0)]
+
+
+def test_table2_matching_and_best_quality_on_hand_made_frontiers():
+  records = [
+      _large(20.0),
+      *[_record("A", q, lat, alpha=a) for a, q, lat in [(0.9, 18.0, 0.5), (0.7, 20.5, 0.6), (0.5, 21.0, 0.8),
+                                                         (0.1, 23.0, 1.1)]],
+      *[_record("B", q, lat, rule="opt") for q, lat in [(15.0, 0.4), (19.0, 0.9)]],      # never matches
+      *[_record("C", q, lat, rule="chow") for q, lat in [(25.0, 1.2), (26.0, 1.5)]],     # always slower
+      _record("D", 20.0, 1.0, rule="diff"),                                              # ties count
+  ]
+  (group,) = pareto.group_records(records)
+  rows = {row.name: row for row in pareto.table2_rows(group)}
+  assert rows["A"].speedup == pytest.approx(1 / 0.6) and rows["A"].best["quality"] == 21.0
+  assert rows["B"].matching is None and rows["B"].best["quality"] == 19.0
+  assert rows["C"].speedup == pytest.approx(1 / 1.2) and rows["C"].best is None
+  assert rows["D"].speedup == 1.0 and rows["D"].best["quality"] == 20.0
+  table = pareto.table2_markdown(records)
+  assert "| A | 1.67× (α=0.7, latency 0.60) | 21.00 (α=0.5, latency 0.80) |" in table
+  assert "| B | — | 19.00 (α=0.1, latency 0.90) |" in table
+  assert "| C | 0.83× (α=0.1, latency 1.20) | — |" in table
+
+
+def test_table2_has_one_table_per_temperature_with_its_own_large_model():
+  records = [_large(20.0, 1.0), _record("A", 20.0, 0.5, temperature=1.0),
+             _large(25.0, 0.5), _record("A", 24.0, 0.5, temperature=0.5)]
+  groups = pareto.group_records(records)
+  assert [g.title.split("T=")[1] for g in groups] == ["1, top-P=1", "0.5, top-P=1"]
+  assert [pareto.table2_rows(g)[0].speedup for g in groups] == [2.0, None]
+
+
+def test_runs_with_other_settings_get_their_own_tables():
+  other = [{**r, "context_hash": "d"} for r in (_large(21.0), _record("A", 22.0, 0.9))]
+  groups = pareto.group_records([_large(20.0), _record("A", 20.0, 0.5), *other])
+  assert [g.title[-7:] for g in groups] == ["[run c]", "[run d]"]
+  assert [g.large["quality"] for g in groups] == [20.0, 21.0]
+
+
+def test_series_are_split_by_gamma_and_ordered_as_table_2():
+  records = [_large(20.0), _record("SpecCascade [Token]", 21.0, 0.8, rule="token_v3"),
+             _record("SpecDecode [Lossy]", 20.0, 0.7, gamma=3), _record("SpecDecode [Lossy]", 21.0, 0.9, gamma=7),
+             _record("TokenCascade [Chow]", 19.0, 1.2, method="token_cascade", rule="chow")]
+  (group,) = pareto.group_records(records)
+  assert list(group.series) == ["TokenCascade [Chow]", "SpecDecode [Lossy] [γ=3]", "SpecDecode [Lossy] [γ=7]",
+                                "SpecCascade [Token]"]
+
+
+def test_table2_without_the_verifier_alone_says_so():
+  records = [_record("A", 20.0, 0.5)]
+  assert "No record of the verifier alone" in pareto.table2_markdown(records)
+  with pytest.raises(ValueError, match="no record of the verifier alone"):
+    pareto.table2_rows(pareto.group_records(records)[0])
+
+
+def _load_script(name):
+  spec = importlib.util.spec_from_file_location(f"{name}_script", REPO_ROOT / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_plot_script_renders_figures_and_table_from_a_results_file(tmp_path):
+  paths = _load_script("plot").main([f"--results={FIXTURE}", f"--out_dir={tmp_path}"])
+  for name in ("pareto.png", "rejection.png"):
+    data = (tmp_path / name).read_bytes()
+    assert paths[name] == str(tmp_path / name)
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+  table = (tmp_path / "table.md").read_text()
+  # T = 1: Large 20.0; Token matches it at 0.85 (1.18×) with 21.5 its best within latency 1.
+  assert "| SpecCascade [Token] | 1.18× (α=0.1, latency 0.85) | 21.50 (α=0.1, latency 0.85) |" in table
+  assert table.count("### debian_synopsis") == 2

@@ -1,0 +1,235 @@
+"""Sweeps (specdec.evaluation.sweep, scripts/sweep.py): grids, validation before compute, the JSONL store,
+resuming a killed run. Runs on random `tiny` models over the shipped vocabulary and sample
+(configs/experiments/smoke.gin): the machinery, not the methods."""
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import pathlib
+
+import gin
+import pytest
+
+from specdec.evaluation import sweep
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SMOKE = "configs/experiments/smoke.gin"
+SMOKE_POINTS = 6  # small model, large model, 2 families × 2 α
+
+
+def _load_script(name):
+  spec = importlib.util.spec_from_file_location(f"{name}_script", REPO_ROOT / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _smoke(output, *bindings):
+  gin.clear_config()
+  try:
+    return sweep.parse_gin([SMOKE], [f"Experiment.output = '{output}'", *bindings])
+  finally:
+    gin.clear_config()
+
+
+def _lines(path):
+  return pathlib.Path(path).read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def complete(tmp_path_factory):
+  """An uninterrupted smoke sweep through scripts/sweep.py: (results path, records)."""
+  output = tmp_path_factory.mktemp("complete") / "results.jsonl"
+  gin.clear_config()
+  try:
+    records = _load_script("sweep").main([f"--gin_file={SMOKE}", f"--gin_bindings=Experiment.output = '{output}'"])
+  finally:
+    gin.clear_config()
+  return output, records
+
+
+def _outcomes(records):
+  """What a rerun must reproduce exactly: quality and counters per hash (latency is wall-clock)."""
+  return {r["hash"]: (r["quality"], r["counters"]) for r in records}
+
+
+def test_smoke_sweep_writes_one_valid_record_per_point(complete):
+  output, records = complete
+  stored = [json.loads(line) for line in _lines(output)]
+  assert len(stored) == len(records) == SMOKE_POINTS
+  assert len({r["hash"] for r in stored}) == SMOKE_POINTS
+  by_family = {}
+  for r in stored:
+    by_family.setdefault(r["family"], []).append(r)
+    assert r["metric"] == "rouge2" and 0.0 <= r["quality"] <= 100.0
+    assert r["context"]["task"] == "debian_synopsis" and r["context"]["max_new_tokens"] == 8
+    assert r["seeds"] == {"sweep": 0, "drafter": 1, "verifier": 2}
+    assert r["git_commit"] and r["device"].startswith("cpu")
+    assert r["counters"]["generated"] > 0 and r["seconds_per_example"] > 0
+    assert math.isclose(r["relative_latency"], r["seconds_per_example"] / r["baseline"]["seconds_per_example"])
+    assert r["hash"] == sweep._digest({"point": r["point"], "context": r["context"]})
+  assert sorted(by_family) == ["Large (verifier)", "Small (drafter)", "SpecCascade [Token]", "SpecDecode [Lossy]"]
+  (large,) = by_family["Large (verifier)"]
+  assert large["relative_latency"] == 1.0 and large["baseline"]["hash"] == large["hash"]
+  assert large["point"] == {"method": "autoregressive", "model": "verifier", "rule": None, "alpha": None,
+                            "gamma": None, "temperature": 1.0, "top_p": 1.0, "fallback_alpha": None}
+  assert large["costs"]["verifier_calls_per_token"] == 1.0 and large["costs"]["rejection_rate"] is None
+  (small,) = by_family["Small (drafter)"]
+  assert small["costs"]["drafter_calls_per_token"] == 1.0 and small["counters"]["verifier_calls"] == 0
+  lossy = by_family["SpecDecode [Lossy]"]
+  assert sorted(r["point"]["alpha"] for r in lossy) == [0.1, 0.5]
+  assert all(r["point"]["gamma"] == 3 and r["costs"]["rejection_rate"] is not None for r in lossy)
+
+
+def test_rerun_of_a_finished_sweep_runs_and_writes_nothing(complete, monkeypatch):
+  output, records = complete
+  before = pathlib.Path(output).read_bytes()
+  monkeypatch.setattr(sweep, "run_point", _forbidden)
+  assert sweep.run(_smoke(output), progress=False) == records
+  assert pathlib.Path(output).read_bytes() == before
+
+
+def _forbidden(*args, **kwargs):
+  raise AssertionError("nothing should run")
+
+
+class Killed(Exception):
+  pass
+
+
+def test_killed_sweep_resumes_without_losing_or_duplicating(complete, tmp_path, monkeypatch):
+  output = tmp_path / "results.jsonl"
+  experiment = _smoke(output)
+  real_run_point, calls = sweep.run_point, []
+
+  def dies_after_three(point, workload):
+    if len(calls) == 3:
+      raise Killed
+    calls.append(point)
+    return real_run_point(point, workload)
+
+  monkeypatch.setattr(sweep, "run_point", dies_after_three)
+  with pytest.raises(Killed):
+    sweep.run(experiment, progress=False)
+  assert len(_lines(output)) == 3
+  monkeypatch.setattr(sweep, "run_point", real_run_point)
+  resumed = sweep.run(experiment, progress=False)
+  stored = [json.loads(line) for line in _lines(output)]
+  assert len(stored) == SMOKE_POINTS and {r["hash"] for r in stored} == {r["hash"] for r in resumed}
+  assert _outcomes(stored) == _outcomes(complete[1])
+
+
+def test_truncated_last_line_is_dropped_and_its_point_rerun(complete, tmp_path):
+  output = tmp_path / "results.jsonl"
+  lines = _lines(complete[0])
+  output.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:len(lines[-1]) // 2])
+  assert [r["hash"] for r in sweep.read_results(output)] == [json.loads(line)["hash"] for line in lines[:-1]]
+  sweep.run(_smoke(output), progress=False)
+  stored = [json.loads(line) for line in _lines(output)]
+  assert len(stored) == SMOKE_POINTS
+  assert _outcomes(stored) == _outcomes(complete[1])
+
+
+def test_a_damaged_line_before_the_last_raises(tmp_path):
+  output = tmp_path / "results.jsonl"
+  output.write_text('{"hash": "a"}\n{"hash": \n{"hash": "b"}\n')
+  with pytest.raises(ValueError, match="results.jsonl:2 is not a JSON record"):
+    sweep.read_results(output)
+
+
+@pytest.mark.parametrize("bindings, message", [
+    (["lossy/Family.method = 'beam_search'"], "family 'SpecDecode \\[Lossy\\]': unknown method 'beam_search'"),
+    (["lossy/Family.rule = 'fancy'"], "unknown rule 'fancy'"),
+    (["lossy/Family.alphas = [0.5, 1.0]"], "alpha \\(rule 'lossy'\\) must lie in \\[0.0, 1.0\\); got \\[1.0\\]"),
+    (["token_v3/Family.rule = 'chow_log'", "token_v3/Family.alphas = [-0.5]"],
+     "alpha \\(rule 'chow_log', a threshold in nats\\) must lie in \\[0.0, inf\\)"),
+    (["Experiment.gammas = [0]"], "gamma \\(the number of draft tokens per block\\) must be an int >= 1"),
+    (["Experiment.temperatures = [1.0, -0.5]"], "temperature must lie in \\[0.0, inf\\)"),
+    (["Experiment.top_ps = [1.5]"], "top_p must lie in \\(0.0, 1.0\\]"),
+    (["lossy/Family.method = 'token_cascade'"], "chow or chow_log"),
+    (["lossy/Family.alphas = 0.5"], "alphas must be a non-empty list"),
+    (["small/Family.model = 'pair'"], "model must be 'drafter' or 'verifier'"),
+    (["token_v3/Family.rule = 'lossy'"], "both contain the point"),
+    (["Experiment.n_latency_examples = 10"], "n_latency_examples must lie in \\[1, n_examples=6\\]"),
+    (["drafter/ModelSource.max_length = 64"], "max_length=64"),   # prompt 48 + 8 new + slack > 64
+])
+def test_bad_grids_are_rejected_before_compute(bindings, message, tmp_path, monkeypatch):
+  output = tmp_path / "results.jsonl"
+  monkeypatch.setattr(sweep.decoding, "generate", _forbidden)
+  with pytest.raises(ValueError, match=message):
+    sweep.run(_smoke(output, *bindings), progress=False)
+  assert not output.exists()
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (REPO_ROOT / "configs" / "experiments").glob("*.gin")))
+def test_every_experiment_config_expands_to_a_valid_grid(config):
+  gin.clear_config()
+  try:
+    experiment = sweep.parse_gin([f"configs/experiments/{config}"])
+  finally:
+    gin.clear_config()
+  points = sweep.expand_grid(experiment)
+  assert sum(p.is_baseline for p in points) == len(experiment.temperatures) * len(experiment.top_ps)
+  assert any(p.model == "pair" for p in points)
+
+
+def test_every_method_of_the_comparison_is_expressible():
+  gin.clear_config()
+  try:
+    experiment = sweep.parse_gin(["configs/experiments/all_methods_synopsis.gin"])
+  finally:
+    gin.clear_config()
+  runs = {(p.method, p.rule, p.model) for p in sweep.expand_grid(experiment)}
+  cascade_rules = ["chow", "chow_log", "diff", "diff_log", "opt", "opt_log", "token_v1", "token_v2", "token_v3"]
+  assert runs >= {("autoregressive", None, "drafter"), ("autoregressive", None, "verifier"),
+                  ("speculative", "spec", "pair"), ("speculative", "lossy", "pair"),
+                  ("speculative", "lossy_tuned", "pair"), ("speculative", "bild", "pair"), ("bild", None, "pair"),
+                  ("token_cascade", "chow", "pair"), ("seq_cascade", None, "pair"),
+                  *[("speculative", rule, "pair") for rule in cascade_rules]}
+
+
+def test_grid_points_are_canonical():
+  experiment = sweep.Experiment(
+      drafter=sweep.ModelSource(preset="tiny"), verifier=sweep.ModelSource(preset="tiny"), task="debian_lm",
+      families=[sweep.Family("SD", "speculative", "spec", alphas=[0.0, 0.3]),
+                sweep.Family("Large", "autoregressive", alphas=[0.1, 0.2], gammas=[3, 5]),
+                sweep.Family("Seq", "seq_cascade", "chow", alphas=[0, 0.5])],
+      temperatures=[1.0, 0.0], gammas=[5])
+  points = sweep.expand_grid(experiment)
+  # Per temperature: SpecDecode once (α does not change it), the large model alone once (it ignores α and
+  # γ, and is the temperature's baseline under the family's label), SeqCascade at 2 α (no rule, no γ).
+  assert len(points) == 2 * (1 + 1 + 2)
+  assert [p.family for p in points if p.is_baseline] == ["Large", "Large"]
+  assert {(p.rule, p.alpha, p.gamma) for p in points if p.family == "SD"} == {("spec", None, 5)}
+  assert {(p.rule, p.alpha, p.gamma) for p in points if p.family == "Seq"} == {(None, 0.0, None), (None, 0.5, None)}
+
+
+def test_point_hash_is_the_digest_of_canonical_json_without_the_label():
+  point = sweep.baseline_point(1, 1.0)  # an int temperature is stored as a float
+  renamed = dataclasses.replace(point, family="another label")
+  canonical = (b'{"context": {"task": "debian_synopsis"}, "point": {"alpha": null, "fallback_alpha": null, '
+               b'"gamma": null, "method": "autoregressive", "model": "verifier", "rule": null, '
+               b'"temperature": 1.0, "top_p": 1.0}}')
+  expected = hashlib.sha256(canonical).hexdigest()[:16]
+  assert sweep.point_hash(point, {"task": "debian_synopsis"}) == expected == "cdb1553ee3067343"
+  assert sweep.point_hash(renamed, {"task": "debian_synopsis"}) == expected
+
+
+def test_lm_task_quality_is_the_verifiers_log_likelihood(tmp_path):
+  experiment = sweep.Experiment(
+      drafter=sweep.ModelSource(preset="tiny", seed=1, max_length=64),
+      verifier=sweep.ModelSource(preset="tiny", seed=2, max_length=64), task="debian_lm", source="sample",
+      families=[], n_examples=3, batch_size=3, max_new_tokens=4, n_latency_examples=1, latency_trials=1,
+      output=str(tmp_path / "results.jsonl"))
+  with pytest.raises(ValueError, match="families must be a non-empty list"):
+    sweep.run(experiment, progress=False)
+  experiment = dataclasses.replace(experiment, families=[sweep.Family("Small", "autoregressive", model="drafter"),
+                                                         sweep.Family("Large", "autoregressive")])
+  records = sweep.run(experiment, progress=False)
+  assert [r["family"] for r in records] == ["Large", "Small"]  # the listed verifier is the baseline
+  assert records[0]["relative_latency"] == 1.0 and records[1]["baseline"]["hash"] == records[0]["hash"]
+  # Random tiny models are near uniform over the 8192 pieces: log-likelihood ≈ −log 8192 = −9.01 nats.
+  for r in records:
+    assert r["metric"] == "log_likelihood" and -10.0 < r["quality"] < -8.0
