@@ -7,6 +7,12 @@ Per task and model: perplexity and token accuracy of the references (targets onl
 task's whole text), and, for the seq2seq tasks, the task metric (`Task.metric`) of greedy decoding
 (autoregressive, temperature 0, `Task.max_target_tokens` new tokens) against the references. Writes a
 Markdown table (and prints it).
+
+Exported T5 models (e.g. the Debian T5 pair, `configs/train/debian_t5_*.gin`) read T5's format: the
+encoder input is the task's T5 input ("summarize: <document>"), the decoder [0] + target + eos:
+
+  python scripts/evaluate_pair.py --models outputs/train/debian_t5_drafter/export \
+      outputs/train/debian_t5_verifier/export --tasks debian_synopsis debian_en_de --source outputs/debian
 """
 
 from __future__ import annotations
@@ -23,11 +29,15 @@ import numpy as np
 from specdec import decoding
 from specdec.data import load_vocabulary, tasks
 from specdec.evaluation import metrics
+from specdec.models import T5
 from specdec.training import evaluate, load_model
 
 
-def _perplexity(model, rows: tasks.Tokenized, batch_size: int) -> dict[str, float]:
+def _perplexity(model, task: tasks.Task, rows: tasks.Tokenized, batch_size: int) -> dict[str, float]:
   def batch(rows_slice: slice) -> dict[str, np.ndarray]:
+    if isinstance(model, T5):   # the task's widths: one compilation per task
+      return rows.seq2seq(rows_slice, encoder_len=max(task.max_input_tokens, 1),
+                          decoder_len=1 + task.max_target_tokens)
     width = int(rows.lengths[rows_slice].max())   # padding beyond the longest row is not scored
     return {"inputs": rows.tokens[rows_slice, :width], "weights": rows.weights(rows_slice)[:, :width]}
 
@@ -52,6 +62,13 @@ def _greedy_metric(model, task: tasks.Task, rows: tasks.Tokenized, vocab, batch_
   return score(hypotheses, references)
 
 
+def _label(path: str) -> str:
+  """A model's name in the table: its directory's (the training run's for a `scripts/train.py` export/)."""
+  path = os.path.normpath(path)
+  name = os.path.basename(path)
+  return os.path.basename(os.path.dirname(path)) if name == "export" else name
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", nargs="+", required=True, help="exported model directories")
@@ -64,15 +81,17 @@ def main() -> None:
   args = parser.parse_args()
 
   vocab = load_vocabulary()
-  loaded = {os.path.basename(path.rstrip("/")): load_model(path) for path in args.models}
+  loaded = {_label(path): load_model(path) for path in args.models}
   lines = ["| task | examples | model | perplexity | token accuracy | greedy metric |", "|---|---|---|---|---|---|"]
   for name in args.tasks:
     task = tasks.get_task(name)
-    as_targets = tasks.tokenized(name, args.split, source=args.source, training=True)
-    prompted = tasks.tokenized(name, args.split, source=args.source)
     for label, model in loaded.items():
+      # T5 reads T5's inputs (no decoder-only separator) as its encoder input.
+      kw = dict(source=args.source, encoder_decoder=isinstance(model, T5))
+      as_targets = tasks.tokenized(name, args.split, training=True, **kw)
+      prompted = tasks.tokenized(name, args.split, **kw)
       start = time.perf_counter()
-      quality = _perplexity(model, as_targets, args.batch_size)
+      quality = _perplexity(model, task, as_targets, args.batch_size)
       greedy = "–"
       if task.metric in ("rouge2", "bleu"):
         value = _greedy_metric(model, task, prompted, vocab, args.batch_size, args.limit)

@@ -4,9 +4,10 @@
       --gin_bindings="train.num_steps = 100" --gin_bindings="train.model_dir = '/tmp/tiny'"
 
 `train` is `specdec.training.train_and_evaluate`; `make_optimizer`, the data sources `markov_batches`
-(synthetic) and `prefix_lm_batches` (the local Debian tasks, `specdec.data.tasks`) and `export` (the
-trained parameters as a model directory for `checkpoint.load_model`, e.g. in bfloat16) are configurable too. It resumes from the latest checkpoint in `train.model_dir` and writes
-the gin config it ran with there (config.gin). Gin files and their includes are looked up from the
+(synthetic), `prefix_lm_batches` and `seq2seq_batches` (the local Debian tasks for decoder-only and T5
+models, `specdec.data.tasks`) and `export` (the trained parameters as a model directory for
+`checkpoint.load_model`, e.g. in bfloat16) are configurable too. It resumes from the latest checkpoint in
+`train.model_dir` and writes the gin config it ran with there (config.gin). Gin files and their includes are looked up from the
 working directory, then from the repository root.
 """
 
@@ -29,6 +30,7 @@ train = gin.configurable("train")(training.train_and_evaluate)
 gin.external_configurable(training.make_optimizer, "make_optimizer")
 gin.external_configurable(training.markov_batches, "markov_batches")
 gin.external_configurable(tasks.prefix_lm_batches, "prefix_lm_batches")
+gin.external_configurable(tasks.seq2seq_batches, "seq2seq_batches")
 
 
 @gin.configurable

@@ -84,7 +84,7 @@ def test_presets_have_the_t5_v1_1_sizes():
   for preset, count in {"t5_small": 76_961_152, "t5_base": 247_577_856}.items():
     assert models.count_params(jax.eval_shape(lambda p=preset: models.build(p, vocab_size=32128))) == count
   assert isinstance(models.build("t5_tiny", vocab_size=V), t5.T5)
-  with pytest.raises(ValueError, match="known presets: .*97m.*t5_tiny, t5_mini, t5_small"):
+  with pytest.raises(ValueError, match="known presets: .*97m.*t5_tiny, t5_mini, t5_25m, t5_small"):
     models.build("t5_huge", vocab_size=V)
 
 

@@ -19,6 +19,33 @@ def test_seq2seq_row_is_prefix_input_separator_then_target_and_eos():
                                              "Erzeugt Menüs für Größen.")
 
 
+def test_t5_row_is_the_t5_input_then_start_token_target_and_eos():
+  task = tasks.TASKS["debian_en_de"]
+  records = [{"package": "p", "en": "Creates menus.", "de": "Erzeugt Menüs für Größen.", "unit": "synopsis"},
+             {"package": "q", "en": "Tiny.", "de": "Winzig klein, sehr klein.", "unit": "synopsis"}]
+  prompt, target = tasks.encode_example(task, VOCAB, records[0], encoder_decoder=True)
+  assert prompt == VOCAB.encode("translate English to German: Creates menus.")   # no " German:"
+  assert target == VOCAB.encode("Erzeugt Menüs für Größen.") + [VOCAB.eos_id]
+  rows = tasks.tokenize(task, VOCAB, records, encoder_decoder=True)
+  batch = rows.seq2seq(encoder_len=9, decoder_len=11)
+  short_prompt = VOCAB.encode("translate English to German: Tiny.")
+  short_target = VOCAB.encode("Winzig klein, sehr klein.") + [VOCAB.eos_id]
+  assert len(prompt) > 9 > len(short_prompt) and len(target) > 10 > len(short_target)
+  # Row 0 is cut to the widths; row 1 fits and is padded with 0.
+  assert batch["encoder_inputs"].tolist() == [prompt[:9], short_prompt + [0] * (9 - len(short_prompt))]
+  assert batch["encoder_lengths"].tolist() == [9, len(short_prompt)]
+  assert batch["inputs"].tolist() == [[0] + target[:10], [0] + short_target + [0] * (10 - len(short_target))]
+  assert batch["weights"].tolist() == [[0.0] + [1.0] * 10,
+                                       [0.0] + [1.0] * len(short_target) + [0.0] * (10 - len(short_target))]
+  assert {k: v.dtype for k, v in batch.items()} == {"encoder_inputs": np.int32, "encoder_lengths": np.int32,
+                                                    "inputs": np.int32, "weights": np.float32}
+  # Default widths: the longest prompt and 1 + the longest target; references and prompts as for decoder-only.
+  full = rows.seq2seq()
+  assert full["encoder_inputs"].shape == (2, len(prompt)) and full["inputs"].shape == (2, 1 + len(target))
+  assert full["inputs"][0, 1:].tolist() == target and rows.targets()[0] == target[:-1]
+  assert rows.prompts()[0][0].tolist() == prompt
+
+
 def test_long_input_is_cut_before_the_separator_and_long_target_keeps_eos():
   task = tasks.TASKS["debian_synopsis"]
   record = {"package": "p", "document": "word " * 2000, "summary": "summary " * 200}
@@ -81,6 +108,24 @@ def test_prefix_lm_batches_are_a_resumable_pure_function_of_the_index():
   seen = np.concatenate([b["inputs"] for b in
                          _take(tasks.prefix_lm_batches("validation", **{**kwargs, "batch_size": pool}), 1)])
   assert len({row.tobytes() for row in seen}) == len({row.tobytes() for row in _all_rows(64)})
+
+
+def test_seq2seq_batches_are_resumable_and_hold_the_prefix_lm_examples_in_the_same_order():
+  kwargs = dict(batch_size=16, vocab_size=VOCAB.vocab_size, source="sample", tasks=tasks.SEQ2SEQ_TASKS)
+  batches = _take(tasks.seq2seq_batches("train", seq_len=129, **kwargs), 4)
+  resumed = next(tasks.seq2seq_batches("train", seq_len=129, start=3, **kwargs))
+  assert all(np.array_equal(resumed[key], batches[3][key]) for key in batches[3])
+  assert {key: value.shape for key, value in batches[0].items()} == {
+      "encoder_inputs": (16, 224), "encoder_lengths": (16,), "inputs": (16, 129), "weights": (16, 129)}
+  assert not batches[0]["inputs"][:, 0].any() and not batches[0]["weights"][:, 0].any()
+  # The shared mixture order: batch i holds the same examples as prefix_lm_batches' batch i, so the
+  # decoder's weighted tokens (target + eos) are the prefix-LM rows' weighted tokens.
+  for seq2seq, prefix_lm in zip(batches, _take(tasks.prefix_lm_batches("train", seq_len=256, **kwargs), 4)):
+    for row in range(16):
+      assert (seq2seq["inputs"][row][seq2seq["weights"][row] > 0].tolist()
+              == prefix_lm["inputs"][row][prefix_lm["weights"][row] > 0].tolist())
+  with pytest.raises(ValueError, match="outside the model's vocabulary"):
+    next(tasks.seq2seq_batches("validation", batch_size=2, seq_len=16, vocab_size=100, source="sample"))
 
 
 def _take(iterator, n):

@@ -1,5 +1,5 @@
 """Training layer: the weighted next-token loss, learning a Markov chain, exact resume, checkpoint errors,
-model export, and the gin entry point."""
+model export, the gin entry point, and encoder-decoder (T5) training on the local seq2seq tasks."""
 
 import functools
 import gc
@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from specdec import models, training
+from specdec.data import tasks
+from specdec.models import t5
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 V, L, B = 32, 32, 8
@@ -264,3 +266,103 @@ def test_gin_train_runs_tiny_synthetic_with_binding_override(tmp_path):
   assert int(state.step) == RESUME_STEPS and np.isfinite(metrics["loss"])
   assert (tmp_path / str(RESUME_STEPS)).is_dir()
   assert f"train.num_steps = {RESUME_STEPS}" in (tmp_path / "config.gin").read_text()
+
+
+# --- encoder-decoder (T5) -------------------------------------------------------------------------------
+
+# configs/train/debian_t5_drafter.gin on the shipped sample, shortened and narrowed for the CPU.
+T5_STEPS = 40
+T5_DATA = dict(batch_size=8, seq_len=33, encoder_len=64, source="sample")
+T5_BINDINGS = [f"train.num_steps = {T5_STEPS}", "train.batch_size = 8", "train.seq_len = 33",
+               "seq2seq_batches.encoder_len = 64", "seq2seq_batches.source = 'sample'",
+               "make_optimizer.warmup_steps = 10", "train.log_every = 20", "train.eval_every = 0",
+               "train.eval_batches = 4", "train.save_every = 20"]
+_t5_logits = jax.jit(lambda model, batch: model.logits(batch["inputs"], encoder_tokens=batch["encoder_inputs"],
+                                                       encoder_lengths=batch["encoder_lengths"]))
+
+
+def _t5_validation_batches():
+  return itertools.islice(tasks.seq2seq_batches("validation", vocab_size=8192, **T5_DATA), 4)
+
+
+@pytest.fixture(scope="module")
+def t5_run(tmp_path_factory):
+  """The T5 drafter's gin config trained for T5_STEPS steps: (model_dir, final state, final metrics)."""
+  model_dir = tmp_path_factory.mktemp("t5_drafter")
+  bindings = T5_BINDINGS + [f"train.model_dir = '{model_dir}'", f"export.path = '{model_dir / 'export'}'"]
+  gin.clear_config()
+  try:
+    state, metrics = train_script.main(["--gin_file=configs/train/debian_t5_drafter.gin",
+                                        *[f"--gin_bindings={b}" for b in bindings]])
+  finally:
+    gin.clear_config()
+  return model_dir, state, metrics
+
+
+def test_t5_trains_on_the_seq2seq_mixture_and_lowers_the_validation_loss(t5_run):
+  model_dir, state, metrics = t5_run
+  # The run's own evaluation is on the same first validation batches.
+  initial = models.build("t5_tiny", vocab_size=8192, seed=0, max_length=512)
+  before = training.evaluate(initial, initial.params, _t5_validation_batches())
+  assert int(state.step) == T5_STEPS and (model_dir / str(T5_STEPS)).is_dir()
+  assert metrics["tokens"] == before["tokens"] > 0
+  assert metrics["loss"] < before["loss"] - 1.0, (before["loss"], metrics["loss"])
+
+
+def test_t5_train_step_uses_the_encoder_input():
+  batch = next(tasks.seq2seq_batches("train", vocab_size=8192, **T5_DATA))
+  other = {**batch, "encoder_inputs": np.roll(batch["encoder_inputs"], 1, axis=0),
+           "encoder_lengths": np.roll(batch["encoder_lengths"], 1, axis=0)}
+  model = models.build("t5_tiny", vocab_size=8192, seed=0, max_length=512)
+  sums = training.eval_step(model.params, batch, model)
+  other_sums = training.eval_step(model.params, other, model)
+  assert float(sums["tokens"]) == float(other_sums["tokens"]) and float(sums["loss"]) != float(other_sums["loss"])
+
+
+def test_t5_export_loads_with_identical_logits(t5_run, tmp_path):
+  model_dir, state, _ = t5_run
+  model = models.with_params(models.build("t5_tiny", vocab_size=8192, max_length=512), state.params)
+  batch = next(_t5_validation_batches())
+  training.save_params(str(tmp_path / "f32"), model, preset="t5_tiny")
+  loaded = training.load_model(str(tmp_path / "f32"))
+  assert isinstance(loaded, t5.T5) and loaded.config == model.config
+  np.testing.assert_array_equal(_t5_logits(loaded, batch), _t5_logits(model, batch))
+  # The gin run's export (bfloat16) holds exactly the rounded parameters and says what it is.
+  exported = training.load_model(str(model_dir / "export"))
+  assert _same(exported.params, training.cast_params(training.cast_params(state.params, jnp.bfloat16), jnp.float32))
+  spec = training.model_spec(exported, "t5_tiny")
+  assert spec["architecture"] == "t5" and spec["preset"] == "t5_tiny" and spec["vocab_size"] == 8192
+
+
+def test_exports_from_before_t5_load_as_decoder_only_models():
+  """The shipped Debian pair's model.json names no architecture: it is a decoder-only transformer."""
+  assert "architecture" not in (REPO_ROOT / "data/models/debian_drafter/model.json").read_text()
+  model = training.load_model(str(REPO_ROOT / "data/models/debian_drafter"))
+  assert isinstance(model, models.TransformerLM) and model.config.vocab_size == 8192
+
+
+def _decoder_step_multiply_adds(model) -> int:
+  """Multiply-adds of one cached decoder step: the decoder's matrices and the output projection, except the
+  cross-attention keys and values (computed once per prompt) and the relative position table."""
+  paths = [(jax.tree_util.keystr(path), leaf) for path, leaf in
+           jax.tree_util.tree_flatten_with_path(model.params["decoder"])[0]]
+  return sum(leaf.size for path, leaf in paths
+             if leaf.ndim == 2 and "relpos_bias" not in path
+             and not ("encoder_decoder_attention" in path and ("'key'" in path or "'value'" in path)))
+
+
+def test_t5_pair_configs_share_the_data_and_the_verifier_step_costs_over_10x_the_drafters():
+  presets = {}
+  for name in ("drafter", "verifier"):
+    gin.clear_config()
+    try:
+      train_script.parse_gin([f"configs/train/debian_t5_{name}.gin"], [])
+      presets[name] = gin.query_parameter("train.preset")
+      assert gin.query_parameter("train.vocab_size") == 8192 and gin.query_parameter("train.seq_len") == 129
+      assert gin.query_parameter("seq2seq_batches.tasks") == ["debian_synopsis", "debian_en_de"]
+    finally:
+      gin.clear_config()
+  assert presets == {"drafter": "t5_tiny", "verifier": "t5_25m"}
+  drafter, verifier = (jax.eval_shape(functools.partial(models.build, presets[name], vocab_size=8192))
+                       for name in ("drafter", "verifier"))
+  assert _decoder_step_multiply_adds(verifier) > 10 * _decoder_step_multiply_adds(drafter)

@@ -1,4 +1,5 @@
-"""The local Debian-text tasks as token arrays: T5-style inputs/targets, prefix-LM rows, training batches.
+"""The local Debian-text tasks as token arrays: T5-style inputs/targets, prefix-LM and seq2seq rows, training
+batches.
 
 A `Task` fixes how a record becomes text (T5's task prefixes) and how long each side may be (in tokens of
 the vocabulary). Decoder-only models read one row per example,
@@ -11,10 +12,15 @@ and padding (`specdec.training.train`'s convention). An input longer than its bu
 separator is appended, so every prompt ends with it. The LM task's rows are the text itself, all weighted;
 its decoding prompt is the text's first `lm_prompt_tokens` tokens (LM1B-style continuation).
 
-`prefix_lm_batches` is a `specdec.training.DataSource` over a mixture of tasks (examples-proportional,
-as T5's multi-task mixtures), each batch a pure function of its index (resumable); no packing, because
-the transformer has no segment ids. `tokenized` caches a task split's arrays in memory and, given a
-`cache_dir`, in `.npz` files that carry a fingerprint of the data and vocabulary (a stale file is rebuilt).
+Encoder-decoder models (T5) read the same rows tokenized with `encoder_decoder=True`: the prompt is T5's
+encoder input, "<prefix><input>" without the separator (`Task.inputs_and_targets`), and
+`Tokenized.seq2seq` turns rows into a T5 batch, encoder input = the prompt, decoder = [0] + target + eos.
+
+`prefix_lm_batches` and `seq2seq_batches` are `specdec.training.DataSource`s over a mixture of tasks
+(examples-proportional, as T5's multi-task mixtures), each batch a pure function of its index
+(resumable); no packing, because the models have no segment ids. `tokenized` caches a task split's arrays
+in memory and, given a `cache_dir`, in `.npz` files that carry a fingerprint of the data and vocabulary (a
+stale file is rebuilt).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import numpy as np
 
 from specdec.data import debian
 from specdec.data.vocab import Vocabulary, load_vocabulary
+
+DECODER_START_TOKEN = 0   # T5 starts decoding from the pad id (as specdec.models.t5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,13 +94,18 @@ def get_task(name: str) -> Task:
   return TASKS[name]
 
 
-def encode_example(task: Task, vocab: Vocabulary, record: dict) -> tuple[list[int], list[int]]:
-  """(prompt ids, target ids ending in eos) of a record, each within its budget."""
+def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decoder: bool = False
+                   ) -> tuple[list[int], list[int]]:
+  """(prompt ids, target ids ending in eos) of a record, each within its budget.
+
+  The prompt is the decoder-only one ("<prefix><input><separator>"), or with `encoder_decoder` T5's
+  encoder input ("<prefix><input>"). An LM task's prompt is its text's first tokens either way.
+  """
   if task.input_field is None:
     text = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
     cut = min(task.lm_prompt_tokens, len(text) - 1)
     return text[:cut], text[cut:]
-  separator = vocab.encode(task.separator)
+  separator = [] if encoder_decoder else vocab.encode(task.separator)
   inputs = vocab.encode(task.inputs_and_targets(record)[0])[:task.max_input_tokens - len(separator)]
   targets = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
   return inputs + separator, targets
@@ -130,22 +143,49 @@ class Tokenized:
     tokens, starts, ends = self.tokens[rows], self.prompt_lengths[rows], self.lengths[rows]
     return [row[s:e - 1].tolist() for row, s, e in zip(tokens, starts, ends)]
 
+  def seq2seq(self, rows: np.ndarray | slice = slice(None), *, encoder_len: int | None = None,
+              decoder_len: int | None = None) -> dict[str, np.ndarray]:
+    """The rows as an encoder-decoder (T5) batch: encoder input = the prompt, decoder = [0] + target + eos.
 
-def tokenize(task: Task, vocab: Vocabulary, records: Sequence[dict]) -> Tokenized:
+    Returns 'encoder_inputs' [n, encoder_len] int32 (right-padded with 0; default width: the longest
+    prompt), 'encoder_lengths' [n], 'inputs' [n, decoder_len] int32 (the decoder tokens, starting with T5's
+    decoder start token 0; default width: 1 + the longest target) and 'weights' [n, decoder_len] float32
+    (1 on the target tokens and eos: `specdec.training.train`'s convention). Longer prompts and targets are
+    cut to the widths.
+    """
+    tokens, starts, ends = self.tokens[rows], self.prompt_lengths[rows], self.lengths[rows]
+    if encoder_len is None:
+      encoder_len = max(int(starts.max(initial=0)), 1)
+    if decoder_len is None:
+      decoder_len = 1 + int((ends - starts).max(initial=0))
+    encoder_lengths = np.minimum(starts, encoder_len).astype(np.int32)
+    encoder_inputs = _fit(tokens, encoder_len) * (np.arange(encoder_len) < encoder_lengths[:, None])
+    offsets = np.arange(decoder_len - 1)
+    in_target = offsets < (ends - starts)[:, None]                                  # [n, decoder_len − 1]
+    target = np.take_along_axis(tokens, np.minimum(starts[:, None] + offsets, tokens.shape[1] - 1), axis=1)
+    start = np.full((len(tokens), 1), DECODER_START_TOKEN, np.int32)
+    return {"encoder_inputs": encoder_inputs.astype(np.int32), "encoder_lengths": encoder_lengths,
+            "inputs": np.concatenate([start, target * in_target], axis=1).astype(np.int32),
+            "weights": np.concatenate([np.zeros_like(start, np.float32), in_target.astype(np.float32)], axis=1)}
+
+
+def tokenize(task: Task, vocab: Vocabulary, records: Sequence[dict], *, encoder_decoder: bool = False) -> Tokenized:
   """Encodes records with `encode_example` into a `Tokenized` of row length `task.seq_len`."""
   tokens = np.zeros((len(records), task.seq_len), np.int32)
   prompt_lengths = np.zeros(len(records), np.int32)
   lengths = np.zeros(len(records), np.int32)
   for i, record in enumerate(records):
-    prompt, target = encode_example(task, vocab, record)
+    prompt, target = encode_example(task, vocab, record, encoder_decoder=encoder_decoder)
     row = prompt + target
     tokens[i, :len(row)] = row
     prompt_lengths[i], lengths[i] = len(prompt), len(row)
   return Tokenized(tokens, prompt_lengths, lengths, tuple(records))
 
 
-def _fingerprint(task: Task, vocab: Vocabulary, records: Sequence[dict]) -> str:
+def _fingerprint(task: Task, vocab: Vocabulary, records: Sequence[dict], encoder_decoder: bool) -> str:
   digest = hashlib.sha256(json.dumps(dataclasses.asdict(task), sort_keys=True).encode())
+  if encoder_decoder:   # the decoder-only rows keep their earlier fingerprints
+    digest.update(b"encoder_decoder")
   digest.update(hashlib.sha256(vocab.path.read_bytes()).digest())
   for record in records:
     digest.update(json.dumps(record, sort_keys=True).encode())
@@ -154,11 +194,11 @@ def _fingerprint(task: Task, vocab: Vocabulary, records: Sequence[dict]) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _tokenized(task_name: str, split: str, source: str, vocab_path: str | None, cache_dir: str | None,
-               training: bool) -> Tokenized:
+               training: bool, encoder_decoder: bool) -> Tokenized:
   task = get_task(task_name)
   vocab = load_vocabulary(vocab_path)
   records = debian.load(task.dataset, split, source=source)
-  fingerprint = _fingerprint(task, vocab, records)
+  fingerprint = _fingerprint(task, vocab, records, encoder_decoder)
   path = None
   if cache_dir is not None:
     path = Path(cache_dir) / f"{task_name}.{split}.{fingerprint}.npz"
@@ -166,7 +206,7 @@ def _tokenized(task_name: str, split: str, source: str, vocab_path: str | None, 
       with np.load(path) as stored:
         result = Tokenized(stored["tokens"], stored["prompt_lengths"], stored["lengths"], tuple(records))
       return _as_training(result) if training else result
-  result = tokenize(task, vocab, records)
+  result = tokenize(task, vocab, records, encoder_decoder=encoder_decoder)
   if path is not None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp.npz")
@@ -182,16 +222,18 @@ def _as_training(tokenized: Tokenized) -> Tokenized:
 
 
 def tokenized(task: str, split: str, *, source: str | os.PathLike = "auto", vocab_path: str | None = None,
-              cache_dir: str | os.PathLike | None = None, training: bool = False) -> Tokenized:
+              cache_dir: str | os.PathLike | None = None, training: bool = False,
+              encoder_decoder: bool = False) -> Tokenized:
   """A task split tokenized (memoised per process; on disk under `cache_dir` when given).
 
   `source` as in `debian.load`. `training=True` gives training rows: for the LM task the whole text is a
-  target; the seq2seq tasks are the same either way.
+  target; the seq2seq tasks are the same either way. `encoder_decoder=True` gives T5's prompts (the encoder
+  inputs, no separator; `encode_example`).
   """
   debian._check_choice("split", split, debian.SPLITS)
   uses_lm_prompt = get_task(task).input_field is None and training
   return _tokenized(task, split, str(source), vocab_path, None if cache_dir is None else str(cache_dir),
-                    uses_lm_prompt)
+                    uses_lm_prompt, encoder_decoder)
 
 
 def prefix_lm_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: int, start: int = 0,
@@ -206,14 +248,49 @@ def prefix_lm_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: 
   """
   parts = [tokenized(name, split, source=source, vocab_path=vocab_path, cache_dir=cache_dir, training=True)
            for name in tasks]
-  tokens = np.concatenate([_fit(part.tokens, seq_len) for part in parts])
-  weights = np.concatenate([_fit(part.weights(), seq_len) for part in parts])
-  if int(tokens.max(initial=0)) >= vocab_size:
-    raise ValueError(f"token id {int(tokens.max())} is outside the model's vocabulary ({vocab_size})")
-  count, split_id = len(tokens), zlib.crc32(split.encode())
+  pool = {"inputs": np.concatenate([_fit(part.tokens, seq_len) for part in parts]),
+          "weights": np.concatenate([_fit(part.weights(), seq_len) for part in parts])}
+  return _mixture_batches(pool, split, tasks=tasks, batch_size=batch_size, start=start, vocab_size=vocab_size,
+                          seed=seed)
+
+
+SEQ2SEQ_TASKS = ("debian_synopsis", "debian_en_de")
+
+
+def seq2seq_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: int, start: int = 0,
+                    tasks: Sequence[str] = SEQ2SEQ_TASKS, encoder_len: int | None = None, source: str = "auto",
+                    vocab_path: str | None = None, cache_dir: str | None = None, seed: int = 0
+                    ) -> Iterator[dict[str, np.ndarray]]:
+  """A `specdec.training.DataSource` of encoder-decoder (T5) rows from a mixture of tasks.
+
+  The mixture and its order are `prefix_lm_batches`' (the same pool of examples visits the same positions
+  of the stream). Each row is `Tokenized.seq2seq` of the `encoder_decoder` rows: encoder input = T5's
+  inputs ("summarize: <document>"), decoder = [0] + target + eos. `seq_len` is the decoder's width,
+  `encoder_len` the encoder's (default: the tasks' largest input budget). Yields {'encoder_inputs'
+  [B, encoder_len] int32, 'encoder_lengths' [B] int32, 'inputs' [B, seq_len] int32, 'weights' [B, seq_len]
+  float32}.
+  """
+  if encoder_len is None:
+    encoder_len = max(get_task(name).max_input_tokens for name in tasks)
+  parts = [tokenized(name, split, source=source, vocab_path=vocab_path, cache_dir=cache_dir, training=True,
+                     encoder_decoder=True).seq2seq(encoder_len=encoder_len, decoder_len=seq_len)
+           for name in tasks]
+  pool = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]} if parts else {}
+  return _mixture_batches(pool, split, tasks=tasks, batch_size=batch_size, start=start, vocab_size=vocab_size,
+                          seed=seed)
+
+
+def _mixture_batches(pool: dict[str, np.ndarray], split: str, *, tasks: Sequence[str], batch_size: int, start: int,
+                     vocab_size: int, seed: int) -> Iterator[dict[str, np.ndarray]]:
+  """Batches of a pool of examples (arrays with one row per example): a fresh permutation of the pool per
+  epoch, seeded by (seed, split, epoch); batch i holds positions [i·B, (i+1)·B) of that endless stream."""
+  count = len(next(iter(pool.values()))) if pool else 0
   if count == 0:
     raise ValueError(f"tasks {list(tasks)} have no {split} examples")
-
+  largest = max(int(pool[key].max(initial=0)) for key in ("inputs", "encoder_inputs") if key in pool)
+  if largest >= vocab_size:
+    raise ValueError(f"token id {largest} is outside the model's vocabulary ({vocab_size})")
+  split_id = zlib.crc32(split.encode())
   orders: dict[int, np.ndarray] = {}
 
   def order(epoch: int) -> np.ndarray:
@@ -227,7 +304,7 @@ def prefix_lm_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: 
     positions = np.arange(position, position + batch_size)
     epochs = positions // count
     indices = np.concatenate([order(int(e))[positions[epochs == e] % count] for e in np.unique(epochs)])
-    yield {"inputs": tokens[indices], "weights": weights[indices]}
+    yield {key: array[indices] for key, array in pool.items()}
     position += batch_size
 
 

@@ -15,12 +15,15 @@ Parameters at vocab_size 32000, shared input/output embedding (V·E of each tota
   97m     768    10     12    3072   95,425,536
 
 Presets named "t5_…" build the encoder-decoder `t5.T5` (T5 v1.1, models/t5.py), whose prompt is its
-encoder input. Sizes are T5 v1.1's (HF google/t5-v1_1-*) plus two for tests and the CPU; parameters at
-T5's vocab_size 32128 (untied input and output embeddings, 2·V·E of each total):
+encoder input. Sizes are T5 v1.1's (HF google/t5-v1_1-*) plus three for tests and the CPU; t5_tiny and
+t5_25m are the drafter and verifier of the trained Debian T5 pair (0.57M and 13.6M parameters at the
+shipped vocabulary's 8192; the verifier's decoder step takes ≈ 24× the drafter's multiply-adds).
+Parameters at T5's vocab_size 32128 (untied input and output embeddings, 2·V·E of each total):
 
   preset    emb  layers(enc+dec)  heads  d_kv  mlp    parameters
   t5_tiny    32      2+2            2     16     64     2,105,856  (for tests; 49,664 without embeddings)
   t5_mini   128      4+4            4     32    256     9,800,704
+  t5_25m    256      4+4            4     64   1024    25,892,608
   t5_small  512      8+8            6     64   1024    76,961,152
   t5_base   768     12+12          12     64   2048   247,577,856
   t5_large 1024     24+24          16     64   2816   783,150,080

@@ -72,10 +72,12 @@ class T5Config:
   dtype: Any = jnp.float32    # activations and cache; parameters, norms, softmax and logits stay float32
 
 
-# T5 v1.1 sizes (HF's google/t5-v1_1-*), plus two small ones for tests and the CPU.
+# T5 v1.1 sizes (HF's google/t5-v1_1-*), plus three small ones for tests and the CPU (t5_25m: the
+# verifier of the trained Debian T5 pair, t5_mini at twice the width and four times the MLP).
 PRESETS: dict[str, dict[str, int]] = {
     "t5_tiny": dict(emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, head_dim=16, mlp_dim=64),
     "t5_mini": dict(emb_dim=128, num_heads=4, num_encoder_layers=4, num_decoder_layers=4, head_dim=32, mlp_dim=256),
+    "t5_25m": dict(emb_dim=256, num_heads=4, num_encoder_layers=4, num_decoder_layers=4, head_dim=64, mlp_dim=1024),
     "t5_small": dict(emb_dim=512, num_heads=6, num_encoder_layers=8, num_decoder_layers=8, head_dim=64, mlp_dim=1024),
     "t5_base": dict(emb_dim=768, num_heads=12, num_encoder_layers=12, num_decoder_layers=12, head_dim=64,
                     mlp_dim=2048),

@@ -8,7 +8,8 @@ A training checkpoint is one step directory of an orbax `CheckpointManager` with
 into before reading any array, and turns every read failure into a `CheckpointError`: a mismatched,
 corrupt or incomplete checkpoint raises; it never yields random or partial weights.
 
-An exported model (`save_params`) is a directory holding `params/` (orbax) and `model.json` (its spec).
+An exported model (`save_params`) is a directory holding `params/` (orbax) and `model.json` (its spec:
+the architecture, 'transformer' (`TransformerLM`) or 't5' (`T5`), its preset and its config's fields).
 """
 
 from __future__ import annotations
@@ -17,32 +18,42 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from specdec import models
-from specdec.models import transformer
+from specdec.models import t5, transformer
 
 _MODEL_JSON = "model.json"
+# architecture name -> (model class, config class, init(config, key) -> model)
+_ARCHITECTURES = {"transformer": (transformer.TransformerLM, transformer.TransformerConfig, transformer.init),
+                  "t5": (t5.T5, t5.T5Config, t5.init)}
+Model = transformer.TransformerLM | t5.T5
 
 
 class CheckpointError(Exception):
   """A checkpoint that cannot be restored: unreadable, incomplete, or made by a different run."""
 
 
-def model_spec(model: transformer.TransformerLM, preset: str | None = None) -> dict[str, Any]:
-  """A model's architecture as JSON: its `TransformerConfig` fields and the preset it was built from."""
+def model_spec(model: Model, preset: str | None = None) -> dict[str, Any]:
+  """A model's architecture as JSON: its name ('transformer' or 't5'), the preset it was built from and its
+  config's fields."""
+  architecture = next((name for name, (cls, _, _) in _ARCHITECTURES.items() if isinstance(model, cls)), None)
+  if architecture is None:
+    raise TypeError(f"no exportable architecture for {type(model).__name__}; known: {', '.join(_ARCHITECTURES)}")
   config = dataclasses.asdict(model.config)
   config["dtype"] = jnp.dtype(config["dtype"]).name
-  return {"preset": preset, **config}
+  return {"architecture": architecture, "preset": preset, **config}
 
 
-def _config(spec: dict[str, Any]) -> transformer.TransformerConfig:
-  fields = {k: v for k, v in spec.items() if k != "preset"}
-  return transformer.TransformerConfig(**{**fields, "dtype": getattr(jnp, fields["dtype"])})
+def _init_from_spec(spec: dict[str, Any]) -> Callable[[jax.Array], Model]:
+  """init(key) of a spec's architecture and config; specs from before T5 name no architecture."""
+  _, config_class, init = _ARCHITECTURES[spec.get("architecture", "transformer")]
+  fields = {k: v for k, v in spec.items() if k not in ("architecture", "preset")}
+  return functools.partial(init, config_class(**{**fields, "dtype": getattr(jnp, fields["dtype"])}))
 
 
 def _manifest(tree: Any) -> dict[str, list]:
@@ -146,7 +157,7 @@ def restore_latest(directory: str, abstract_state: Any, *, expected: dict[str, A
   return Restored(state=state, data_offset=int(meta["data_offset"]), metadata=meta)
 
 
-def save_params(path: str, model: transformer.TransformerLM, *, preset: str | None = None) -> None:
+def save_params(path: str, model: Model, *, preset: str | None = None) -> None:
   """Exports `model` (its parameters in their own dtype, e.g. after `cast_params(…, bfloat16)`, and its
   spec) to a new directory `path`, for `load_model`."""
   path = os.path.abspath(path)
@@ -160,18 +171,18 @@ def save_params(path: str, model: transformer.TransformerLM, *, preset: str | No
     json.dump(model_spec(model, preset), f, indent=2)
 
 
-def load_model(path: str) -> transformer.TransformerLM:
+def load_model(path: str) -> Model:
   """The model `save_params` exported to `path`, parameters checked by `models.with_params` and held in
   the config's float32 (bfloat16 exports load exactly). Raises CheckpointError on any problem."""
   path = os.path.abspath(path)
   try:
     with open(os.path.join(path, _MODEL_JSON)) as f:
       spec = json.load(f)
-    config = _config(spec)
+    init = _init_from_spec(spec)
   except (OSError, ValueError, TypeError, KeyError) as e:
     raise CheckpointError(f"{path} is not an exported model: its {_MODEL_JSON} is missing or invalid ({e})") from e
   # Shapes only: the structure to check against, without initialising random weights.
-  abstract = jax.eval_shape(functools.partial(transformer.init, config), jax.random.PRNGKey(0))
+  abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
   # Restored onto this process's first device whatever device saved it (a GPU-trained export loads on a
   # CPU); shapes and dtypes are the stored ones, checked by `with_params` below.
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

@@ -11,6 +11,11 @@ loss is the cross-entropy of logits[:, :-1] against targets inputs[:, 1:], weigh
 example ("summarize: … synopsis:") get weight 0; weights[:, 0] is never used (nothing predicts the first
 token). The model has no segment ids: packed documents attend to the ones before them in their row, and
 a document's first token is predicted from them unless its weight is 0.
+
+Encoder-decoder models (T5) take the same loss on their decoder tokens: a batch also carries
+'encoder_inputs' [B, L_enc] int32 and 'encoder_lengths' [B] (row b's encoder input is
+encoder_inputs[b, :encoder_lengths[b]]), and 'inputs' are the decoder tokens, T5's start token 0 then the
+target and eos (weights 0 on the start token and padding); `model.logits` gets the encoder input too.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from specdec import models
 from specdec.training import checkpoint
 
 Array = jax.Array
-Batch = dict[str, Any]  # 'inputs' [B, L] int32, 'weights' [B, L] float
+Batch = dict[str, Any]  # 'inputs' [B, L] int32, 'weights' [B, L] float (+ 'encoder_inputs', 'encoder_lengths')
 # data_source(split, *, batch_size, seq_len, vocab_size, start) -> the batches start, start+1, … of a
 # split ('train' or 'validation'), each batch a pure function of its index, so resuming is `start=offset`.
 DataSource = Callable[..., Iterator[Batch]]
@@ -124,6 +129,15 @@ def cast_params(params: Any, dtype: Any) -> Any:
   return jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
 
 
+def _logits(model: Any, params: Any, batch: Batch) -> Array:
+  """Teacher-forced logits [B, L, V] of a batch's 'inputs', given its encoder input if it has one."""
+  model = model.replace(params=params)
+  if "encoder_inputs" in batch:
+    return model.logits(batch["inputs"], encoder_tokens=batch["encoder_inputs"],
+                        encoder_lengths=batch.get("encoder_lengths"))
+  return model.logits(batch["inputs"])
+
+
 def _weighted_sums(logits: Array, batch: Batch, label_smoothing: float | Array) -> dict[str, Array]:
   """Σ w·loss, Σ w·correct and Σ w over the targets inputs[:, 1:] of logits[:, :-1] (module docstring).
 
@@ -152,7 +166,7 @@ def _per_token(total: Array, tokens: Array) -> Array:
 @jax.jit
 def eval_step(params: Any, batch: Batch, model: Any) -> dict[str, Array]:
   """Weighted sums 'loss' (plain cross-entropy), 'correct', 'tokens' of one batch; `evaluate` adds them."""
-  return _weighted_sums(model.replace(params=params).logits(batch["inputs"]), batch, 0.0)
+  return _weighted_sums(_logits(model, params, batch), batch, 0.0)
 
 
 # Donating the state lets XLA update parameters and optimizer moments in place.
@@ -163,7 +177,7 @@ def train_step(state: TrainState, batch: Batch, model: Any, label_smoothing: flo
   architecture; its own parameters are not used. The input state is donated (invalid afterwards).
   Returns the new state and metrics: per-token 'loss', 'accuracy', target 'tokens', 'grad_norm'."""
   def loss_fn(params):
-    sums = _weighted_sums(model.replace(params=params).logits(batch["inputs"]), batch, label_smoothing)
+    sums = _weighted_sums(_logits(model, params, batch), batch, label_smoothing)
     return _per_token(sums["loss"], sums["tokens"]), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
