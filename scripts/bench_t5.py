@@ -27,7 +27,7 @@ import numpy as np
 from specdec import models
 from specdec.evaluation.timing import median_seconds
 from specdec.models import base
-from specdec.training import load_model
+from specdec.training import export_name, load_model
 
 GAMMAS = (1, 3, 5, 7)
 
@@ -56,9 +56,7 @@ def _timings(model, input_length: int, context: int, repeats: int) -> dict[str, 
 def _model(name: str, vocab_size: int, seed: int, max_length: int):
   """(label, model): an exported model directory, or a preset with random weights."""
   if os.path.isdir(name):
-    path = os.path.normpath(name)
-    label = os.path.basename(os.path.dirname(path)) if os.path.basename(path) == "export" else os.path.basename(path)
-    return label, load_model(path)
+    return export_name(name), load_model(name)
   return name, models.build(name, vocab_size=vocab_size, seed=seed, max_length=max_length)
 
 

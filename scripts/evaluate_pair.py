@@ -18,7 +18,6 @@ encoder input is the task's T5 input ("summarize: <document>"), the decoder [0] 
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 import time
@@ -30,7 +29,7 @@ from specdec import decoding
 from specdec.data import load_vocabulary, tasks
 from specdec.evaluation import metrics
 from specdec.models import T5
-from specdec.training import evaluate, load_model
+from specdec.training import evaluate, export_name, load_model
 
 
 def _perplexity(model, task: tasks.Task, rows: tasks.Tokenized, batch_size: int) -> dict[str, float]:
@@ -62,13 +61,6 @@ def _greedy_metric(model, task: tasks.Task, rows: tasks.Tokenized, vocab, batch_
   return score(hypotheses, references)
 
 
-def _label(path: str) -> str:
-  """A model's name in the table: its directory's (the training run's for a `scripts/train.py` export/)."""
-  path = os.path.normpath(path)
-  name = os.path.basename(path)
-  return os.path.basename(os.path.dirname(path)) if name == "export" else name
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", nargs="+", required=True, help="exported model directories")
@@ -81,7 +73,7 @@ def main() -> None:
   args = parser.parse_args()
 
   vocab = load_vocabulary()
-  loaded = {_label(path): load_model(path) for path in args.models}
+  loaded = {export_name(path): load_model(path) for path in args.models}
   lines = ["| task | examples | model | perplexity | token accuracy | greedy metric |", "|---|---|---|---|---|---|"]
   for name in args.tasks:
     task = tasks.get_task(name)

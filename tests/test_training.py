@@ -334,6 +334,12 @@ def test_t5_export_loads_with_identical_logits(t5_run, tmp_path):
   assert spec["architecture"] == "t5" and spec["preset"] == "t5_tiny" and spec["vocab_size"] == 8192
 
 
+def test_export_name_is_the_training_runs_for_an_export_directory():
+  assert training.export_name("outputs/train/debian_t5_drafter/export/") == "debian_t5_drafter"
+  assert training.export_name("data/models/debian_verifier") == "debian_verifier"
+  assert training.export_name("/abs/run/export") == "run"
+
+
 def test_exports_from_before_t5_load_as_decoder_only_models():
   """The shipped Debian pair's model.json names no architecture: it is a decoder-only transformer."""
   assert "architecture" not in (REPO_ROOT / "data/models/debian_drafter/model.json").read_text()

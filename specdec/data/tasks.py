@@ -38,8 +38,7 @@ import numpy as np
 
 from specdec.data import debian
 from specdec.data.vocab import Vocabulary, load_vocabulary
-
-DECODER_START_TOKEN = 0   # T5 starts decoding from the pad id (as specdec.models.t5)
+from specdec.models.t5 import DECODER_START_TOKEN
 
 
 @dataclasses.dataclass(frozen=True)

@@ -171,6 +171,14 @@ def save_params(path: str, model: Model, *, preset: str | None = None) -> None:
     json.dump(model_spec(model, preset), f, indent=2)
 
 
+def export_name(path: str) -> str:
+  """A model directory's name for tables and logs: the training run's (its parent) for a `scripts/train.py`
+  `…/export` directory, else its own."""
+  path = os.path.normpath(path)
+  name = os.path.basename(path)
+  return os.path.basename(os.path.dirname(path)) if name == "export" else name
+
+
 def load_model(path: str) -> Model:
   """The model `save_params` exported to `path`, parameters checked by `models.with_params` and held in
   the config's float32 (bfloat16 exports load exactly). Raises CheckpointError on any problem."""
