@@ -19,14 +19,15 @@ setup(
         "orbax-checkpoint>=0.11",
         "rouge-score>=0.1.2",
         "sacrebleu>=2.4",
+        "safetensors>=0.4",   # Hugging Face T5 checkpoints (specdec.training.load_hf_t5)
         "scipy>=1.11",
         "sentencepiece>=0.2",
         "tqdm>=4.60",
     ],
     extras_require={
-        # torch/transformers/safetensors: the independent T5 implementation the import tests compare with.
+        # torch/transformers: the independent T5 implementation the import tests compare with.
         # torch==2.13.0 is the CPU build on the machines' local index; a bare "torch" pulls CUDA packages.
-        "test": ["pytest>=8", "safetensors>=0.4", "torch==2.13.0", "transformers>=4.45"],
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.45"],
         # seqio/tfds tasks and the seqio vocabulary adapter (TensorFlow, ~800 MB download)
         "seqio": ["seqio>=0.0.20"],
     },

@@ -1,28 +1,46 @@
 """Wall-clock of speculative decoding against autoregressive decoding, and the theory's prediction.
 
-Random-weight decoder-only models (the paper's LM1B sizes), batch size 1, greedy, one run:
+Trained pair (`--task`): drafter and verifier exports (`--drafter`, `--verifier` directories; several
+drafters may be given and are compared in the same run), prompts from the task's validation split (each at its own
+length, rounded up to 32), batch size 1, each example decoded by the verifier alone and then by each drafter's speculative decoding, so
+every ratio comes from timings interleaved example by example. Greedy and/or sampled (`--temperatures`).
+Reports per γ: acceptance (accepted / drafted), tokens per verifier call, ms per generated token, the
+speed-up over the verifier alone (ratio of ms per generated token: at T > 0 the outputs differ in length),
+the mean wall-clock of a block (total time / verifier calls, prefills included), the speed-up that block
+cost allows if every draft were accepted, and the acceptance 1.5x would need at that block cost.
+
+  python scripts/bench_decoding.py --task debian_synopsis --source outputs/debian \
+      --drafter data/models/debian_drafter --verifier data/models/debian_verifier --gamma 3 5
+
+Random-weight models (no `--task`; presets, the paper's LM1B sizes), batch size 1, greedy, one run:
   1. identical drafter and verifier: every draft is accepted (α = 1), so the measured speedup isolates
      the cost model — predicted (γ+1) / ((γ+1)·c + c_γ) with c = 1 and c_γ = t(score γ+1)/t(score 1)
      measured here (our blocks make γ+1 drafter calls; `theory.walltime_improvement` assumes γ drafter
      calls and a verification as cheap as one step);
   2. small drafter, large verifier: α measured from the run's acceptance, c measured; prediction
      `theory.walltime_improvement(α, γ, c)` and the refined one with the measured costs.
+Random weights accept nearly every greedy draft (experiments/README.md): their speed-ups are not those of
+a trained pair.
 
-Usage: python scripts/bench_decoding.py [--drafter 6M] [--verifier 97M] [--gamma 3 5] [--tokens 64]
+Usage: python scripts/bench_decoding.py [--drafter 6m] [--verifier 97m] [--gamma 3 5] [--tokens 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec import decoding, models, theory
+from specdec.data import load_vocabulary, tasks
 from specdec.evaluation.timing import median_seconds
+from specdec.training import export_name, load_model
 
 
 def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
@@ -33,18 +51,90 @@ def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
   return median_seconds(lambda: score(model, cache, tokens), repeats=repeats)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--drafter", default="6m")
-  parser.add_argument("--verifier", default="97m")
-  parser.add_argument("--vocab", type=int, default=32_000)
-  parser.add_argument("--gamma", type=int, nargs="+", default=[3, 5])
-  parser.add_argument("--tokens", type=int, default=64)
-  parser.add_argument("--prompt", type=int, default=32)
-  parser.add_argument("--repeats", type=int, default=5)
-  args = parser.parse_args()
+def _machine() -> str:
+  return (f"machine: {platform.machine()} | {jax.devices()[0].device_kind} | {os.cpu_count()} cpus | "
+          f"jax {jax.__version__} | python {platform.python_version()}")
 
-  small = models.build(args.drafter, vocab_size=args.vocab, seed=1, max_length=256)
+
+def _acceptance_for(tokens_per_block: float, gamma: int) -> float:
+  """The per-token acceptance α at which a block emits `tokens_per_block` tokens on average
+  ((1 − α^(γ+1)) / (1 − α), i.i.d. acceptances), by bisection; inf when even α = 1 falls short."""
+  if tokens_per_block > gamma + 1:
+    return float("inf")
+  lo, hi = 0.0, 1.0
+  for _ in range(50):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if theory.expected_tokens_per_call(mid, gamma) < tokens_per_block else (lo, mid)
+  return hi
+
+
+def trained_pairs(args: argparse.Namespace) -> None:
+  """Speculative decoding with each trained drafter against the trained verifier alone, interleaved."""
+  verifier = load_model(args.verifier)
+  drafters = {export_name(path): load_model(path) for path in args.drafter}
+  split = tasks.tokenized(args.task, "validation", source=args.source)
+  rows = np.sort(np.random.default_rng(args.seed).permutation(len(split))[:args.examples])
+  prompts, lengths = split.prompts(rows)
+  max_new = args.tokens or tasks.get_task(args.task).max_target_tokens
+  eos_id = load_vocabulary().eos_id
+  print(_machine())
+  print(f"command: {' '.join(['python'] + sys.argv)}")
+  print(f"task {args.task}: {len(rows)} validation prompts (mean length {lengths.mean():.0f}), batch 1, up to "
+        f"{max_new} new tokens, eos stops; verifier {export_name(args.verifier)} "
+        f"({models.count_params(verifier):,} params)")
+  t1 = _score_seconds(verifier, 1, int(lengths.mean()), 50)
+  for name, drafter in drafters.items():
+    c = _score_seconds(drafter, 1, int(lengths.mean()), 50) / t1
+    print(f"drafter {name}: {models.count_params(drafter):,} params, c = {c:.3f} (one scored token each)")
+  for gamma in args.gamma:
+    c_gamma = _score_seconds(verifier, gamma + 1, int(lengths.mean()), 50) / t1
+    print(f"gamma={gamma}: the verifier scores gamma+1 tokens at {c_gamma:.2f}x one token")
+  for temperature in args.temperatures:
+    runs = [("verifier alone", None, "autoregressive", 1)] + [
+        (f"{name} gamma={gamma}", drafter, "speculative", gamma)
+        for gamma in args.gamma for name, drafter in drafters.items()]
+
+    def decode(drafter, method, gamma, row, key):
+      # A batch-1 prompt as a user passes it: its own length (rounded up to 32: few shapes to compile).
+      width = -(-int(lengths[row]) // 32) * 32
+      return decoding.generate(key, drafter, verifier, prompts[row:row + 1, :width], lengths[row:row + 1],
+                               method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
+                               eos_id=eos_id)
+
+    for row in range(len(rows)):  # compile every prompt width
+      for _, drafter, method, gamma in runs:
+        jax.block_until_ready(decode(drafter, method, gamma, row, jax.random.PRNGKey(0)).tokens)
+    seconds = np.zeros(len(runs))
+    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls"), 0) for _ in runs]
+    for trial in range(args.trials):
+      for row in range(len(rows)):
+        key = jax.random.PRNGKey(trial * len(rows) + row)
+        for i, (_, drafter, method, gamma) in enumerate(runs):
+          start = time.perf_counter()
+          out = decode(drafter, method, gamma, row, key)
+          jax.block_until_ready(out.tokens)
+          seconds[i] += time.perf_counter() - start
+          for stat in totals[i]:
+            totals[i][stat] += int(getattr(out.stats, stat)[0])
+    per_token = [seconds[i] / max(totals[i]["generated"], 1) for i in range(len(runs))]
+    print(f"temperature {temperature}: {args.trials} trial(s) x {len(rows)} examples")
+    for i, (label, _, method, _) in enumerate(runs):
+      t = totals[i]
+      line = f"  {label:<32} {per_token[i] * 1e3:6.2f} ms/token"
+      if method == "speculative":
+        gamma = runs[i][3]
+        block = seconds[i] / max(t["verifier_calls"], 1)   # mean wall-clock per block, prefills included
+        line += (f" | acceptance {t['accepted'] / max(t['drafted'], 1):.3f} | "
+                 f"{t['generated'] / max(t['verifier_calls'], 1):.2f} tokens/verifier call | "
+                 f"speed-up {per_token[0] / per_token[i]:.2f}x | {block * 1e3:.2f} ms/block: at most "
+                 f"{(gamma + 1) * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs acceptance "
+                 f"{_acceptance_for(1.5 * block / per_token[0], gamma):.2f}")
+      print(line, flush=True)
+
+
+def random_pair(args: argparse.Namespace) -> None:
+  """The random-weight presets (module docstring)."""
+  small = models.build(args.drafter[0], vocab_size=args.vocab, seed=1, max_length=256)
   large = models.build(args.verifier, vocab_size=args.vocab, seed=2, max_length=256)
   prompts = jnp.asarray(np.random.default_rng(0).integers(0, args.vocab, (1, args.prompt)), jnp.int32)
   lengths = jnp.array([args.prompt], jnp.int32)
@@ -52,14 +142,13 @@ def main() -> None:
 
   def run(drafter, verifier, method, gamma=1):
     return decoding.generate(key, drafter, verifier, prompts, lengths, method=method, gamma=gamma,
-                             temperature=0.0, max_new_tokens=args.tokens)
+                             temperature=0.0, max_new_tokens=args.tokens, eos_id=None)
 
   t1 = {name: _score_seconds(m, 1, args.prompt, 20) for name, m in (("small", small), ("large", large))}
   c = t1["small"] / t1["large"]
-  print(f"machine: {platform.machine()} | {jax.devices()[0].device_kind} | jax {jax.__version__} | "
-        f"python {platform.python_version()}")
+  print(_machine())
   print(f"command: {' '.join(['python'] + sys.argv)}")
-  print(f"models: drafter {args.drafter} ({models.count_params(small) / 1e6:.1f}M params), verifier "
+  print(f"models: drafter {args.drafter[0]} ({models.count_params(small) / 1e6:.1f}M params), verifier "
         f"{args.verifier} ({models.count_params(large) / 1e6:.1f}M), V={args.vocab}, batch 1, greedy, "
         f"{args.tokens} new tokens, prompt {args.prompt}")
   print(f"one decode step: drafter {t1['small'] * 1e3:.2f} ms, verifier {t1['large'] * 1e3:.2f} ms, "
@@ -81,10 +170,34 @@ def main() -> None:
     s = jax.tree.map(lambda x: float(x[0]), mixed.stats)
     alpha = s.accepted / s.drafted  # per-token acceptance rate of this run
     refined = theory.expected_tokens_per_call(min(alpha, 0.999999), gamma) / ((gamma + 1) * c + c_gamma)
-    print(f"  {args.drafter} -> {args.verifier}: acceptance {alpha:.3f}, "
+    print(f"  {args.drafter[0]} -> {args.verifier}: acceptance {alpha:.3f}, "
           f"{s.generated / s.verifier_calls:.2f} tokens/verifier call, speedup {t_ar / t_mixed:.2f}x measured, "
           f"{refined:.2f}x predicted from measured costs, "
           f"{theory.walltime_improvement(min(alpha, 0.999999), gamma, c):.2f}x by walltime_improvement")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--drafter", nargs="+", default=["6m"], help="presets, or export directories with --task")
+  parser.add_argument("--verifier", default="97m", help="a preset, or an export directory with --task")
+  parser.add_argument("--task", help="a local task: trained exports on its validation prompts")
+  parser.add_argument("--source", default="auto", help="the task's data (specdec.data.load)")
+  parser.add_argument("--examples", type=int, default=16, help="validation prompts (--task)")
+  parser.add_argument("--trials", type=int, default=1, help="passes over the prompts (--task)")
+  parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="(--task)")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--vocab", type=int, default=32_000)
+  parser.add_argument("--gamma", type=int, nargs="+", default=[3, 5])
+  parser.add_argument("--tokens", type=int, default=None,
+                      help="new tokens (default: 64 for random weights, the task's target budget with --task)")
+  parser.add_argument("--prompt", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=5)
+  args = parser.parse_args()
+  if args.task:
+    trained_pairs(args)
+  else:
+    args.tokens = args.tokens or 64
+    random_pair(args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from specdec import checks
 
@@ -105,3 +106,26 @@ def entropy(probs: Array) -> Array:
   """Shannon entropy −Σ_v q(v)·log q(v) in nats over the last axis (0·log 0 = 0)."""
   safe = jnp.where(probs > 0, probs, 1.0)
   return -jnp.sum(jnp.where(probs > 0, probs * jnp.log(safe), 0.0), axis=-1)
+
+
+@struct.dataclass
+class Sampling:
+  """How tokens are drawn: S(·) with `temperature` and `top_p` (traced: a sweep over them does not
+  recompile) and `top_k` (static). Passed to the decode loops as one value."""
+  temperature: Array | float = 1.0
+  top_p: Array | float = 1.0
+  top_k: int = struct.field(pytree_node=False, default=0)
+
+  def checked(self) -> "Sampling":
+    """The same settings as float32 scalars, after the range checks (ValueError naming the parameter)."""
+    checks.check_temperature(self.temperature)
+    checks.check_top_p(self.top_p)
+    checks.check_top_k(self.top_k)
+    return Sampling(jnp.float32(self.temperature), jnp.float32(self.top_p), int(self.top_k))
+
+  def distributions(self, logits: Array) -> tuple[Array, Array]:
+    """(raw, transformed) of logits [..., V]: the softmax at temperature 1 (deferral rules decide on it)
+    and S(·) (what is sampled and verified)."""
+    return (jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1),
+            transform(logits, self.temperature, self.top_p, self.top_k))
+

@@ -36,7 +36,7 @@ def _prompts(rng, batch, width, vocab):
 
 def _greedy(drafter, verifier, prompts, lengths, method="autoregressive", **kw):
   return decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method=method,
-                           temperature=0.0, max_new_tokens=N_NEW, **kw)
+                           temperature=0.0, max_new_tokens=N_NEW, **kw, eos_id=None)
 
 
 def assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=1e-4):
@@ -96,7 +96,7 @@ def test_speculative_counters_are_consistent(rule, alpha):
   prompts, lengths = _prompts(np.random.default_rng(1), 32, 6, V)
   gamma = 3
   out = decoding.generate(jax.random.PRNGKey(1), drafter, verifier, prompts, lengths, method="speculative",
-                          rule=rule, alpha=alpha, gamma=gamma, max_new_tokens=N_NEW)
+                          rule=rule, alpha=alpha, gamma=gamma, max_new_tokens=N_NEW, eos_id=None)
   s = jax.tree.map(np.asarray, out.stats)
   np.testing.assert_array_equal(s.generated, out.lengths)
   np.testing.assert_array_equal(out.lengths, N_NEW)
@@ -136,7 +136,7 @@ def test_sweep_compiles_once_per_method_rule_gamma():
     for alpha in np.linspace(0.0, 0.95, 20):
       decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method="speculative",
                         rule="token_v3", alpha=float(alpha), gamma=2, temperature=temperature, top_p=0.9,
-                        max_new_tokens=4)
+                        max_new_tokens=4, eos_id=None)
   assert decoding._generate._cache_size() - before == 1
 
 
@@ -162,7 +162,7 @@ def test_token_cascade_calls_verifier_only_on_deferral():
   prompts, lengths = _prompts(np.random.default_rng(6), 16, 4, V)
   for alpha, expect in ((0.999, "never"), (0.0, "always")):
     out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths,
-                            method="token_cascade", rule="chow", alpha=alpha, max_new_tokens=N_NEW)
+                            method="token_cascade", rule="chow", alpha=alpha, max_new_tokens=N_NEW, eos_id=None)
     s = jax.tree.map(np.asarray, out.stats)
     np.testing.assert_array_equal(s.drafter_calls, N_NEW)
     if expect == "never":  # only the forced call after MAX_DRAFTER_RUN drafter tokens
@@ -179,7 +179,7 @@ def test_bad_input_raises():
   call = lambda **kw: decoding.generate(jax.random.PRNGKey(0), kw.pop("drafter", drafter),
                                         kw.pop("verifier", verifier), kw.pop("prompts", prompts),
                                         kw.pop("lengths", lengths), **{"method": "speculative",
-                                                                       "max_new_tokens": 4, **kw})
+                                                                       "max_new_tokens": 4, **kw}, eos_id=None)
   with pytest.raises(ValueError, match="vocabularies differ"):
     call(drafter=other)
   with pytest.raises(ValueError, match="max_length"):
@@ -198,6 +198,17 @@ def test_bad_input_raises():
     call(lengths=jnp.array([0, 2]))
   with pytest.raises(ValueError, match="chow"):
     call(method="token_cascade", rule="diff")
+  with pytest.raises(ValueError, match=r"prompts must be \[B, L\].*prompts\[None\]"):
+    call(prompts=prompts[0], lengths=None)
+  with pytest.raises(ValueError, match="prompts must be an integer array"):
+    call(prompts=np.asarray(prompts).tolist())
+  with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1; got 2.5"):
+    call(max_new_tokens=2.5)
+  with pytest.raises(ValueError, match="unknown parameter.*gama"):
+    call(gama=3)
+  # NumPy integer scalars are ints; prompt_lengths default to the whole width.
+  out = call(gamma=np.int64(2), max_new_tokens=np.int32(3), lengths=None)
+  assert out.tokens.shape == (2, 3)
 
 
 @pytest.mark.parametrize("pair", ["toy", "transformer"])
@@ -210,7 +221,7 @@ def test_seq_cascade_defers_whole_responses_at_the_alpha_limits(pair):
   always = _greedy(drafter, verifier, prompts, lengths, method="seq_cascade", alpha=0.0)
   # over 3 tokens Π max q ≥ (1/V)^3 = 0.002 > 1 − 0.999: no response can defer
   never = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths,
-                            method="seq_cascade", alpha=0.999, temperature=0.0, max_new_tokens=3)
+                            method="seq_cascade", alpha=0.999, temperature=0.0, max_new_tokens=3, eos_id=None)
   np.testing.assert_array_equal(always.tokens, verifier_alone.tokens)
   np.testing.assert_array_equal(always.stats.deferred, N_NEW)
   np.testing.assert_array_equal(never.tokens, drafter_alone.tokens[:, :3])
@@ -267,7 +278,7 @@ def test_token_cascade_greedy_matches_reference(alpha):
     return int(np.argmax(q_raw)), run + 1
 
   out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method="token_cascade",
-                          rule="chow", alpha=alpha, temperature=0.0, max_new_tokens=n_new)
+                          rule="chow", alpha=alpha, temperature=0.0, max_new_tokens=n_new, eos_id=None)
   for b in range(4):
     want = _greedy_reference(drafter, verifier, list(np.asarray(prompts[b, :lengths[b]])), n_new, step)
     np.testing.assert_array_equal(out.tokens[b], want)
@@ -303,7 +314,7 @@ def test_bild_greedy_matches_reference(alpha, fallback_alpha):
       want += block
     out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts[b:b + 1], lengths[b:b + 1],
                             method="bild", alpha=alpha, fallback_alpha=fallback_alpha, gamma=gamma,
-                            temperature=0.0, max_new_tokens=n_new)
+                            temperature=0.0, max_new_tokens=n_new, eos_id=None)
     np.testing.assert_array_equal(out.tokens[0], want[:n_new])
 
 
@@ -343,4 +354,19 @@ def test_nan_logits_stop_and_raise(method, rule):
   bad = _NaNAfter(verifier, position=6)
   with pytest.raises(FloatingPointError, match="NaN logits reached rows"):
     decoding.generate(jax.random.PRNGKey(0), drafter, bad, prompts, lengths, method=method, rule=rule,
-                      alpha=0.0 if method != "bild" else 1.0, gamma=3, max_new_tokens=N_NEW)
+                      alpha=0.0 if method != "bild" else 1.0, gamma=3, max_new_tokens=N_NEW, eos_id=None)
+
+
+def test_rows_stop_at_the_vocabularys_eos_unless_told_otherwise():
+  drafter, verifier = _toy_pair()
+  prompts, lengths = _prompts(np.random.default_rng(4), 32, 4, V)
+  stopped = decoding.generate(jax.random.PRNGKey(5), drafter, verifier, prompts, lengths, method="speculative",
+                              gamma=3, max_new_tokens=N_NEW)
+  free = decoding.generate(jax.random.PRNGKey(5), drafter, verifier, prompts, lengths, method="speculative",
+                           gamma=3, max_new_tokens=N_NEW, eos_id=None)
+  tokens, n = np.asarray(stopped.tokens), np.asarray(stopped.lengths)
+  assert decoding.DEFAULT_EOS_ID == 1 and np.any(n < N_NEW)
+  for b in range(32):
+    assert n[b] == N_NEW or tokens[b, n[b] - 1] == decoding.DEFAULT_EOS_ID
+    np.testing.assert_array_equal(tokens[b, :n[b]], np.asarray(free.tokens)[b, :n[b]])
+  np.testing.assert_array_equal(free.lengths, N_NEW)

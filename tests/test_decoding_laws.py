@@ -60,7 +60,7 @@ def _sample_codes(pair, method, rule, alpha, temperature, top_p, gamma, row):
   lengths = jnp.broadcast_to(LENGTHS[row], (SAMPLES,))
   out = decoding.generate(jax.random.PRNGKey(row + 17 * gamma), *PAIRS[pair], prompts, lengths,
                           method=method, rule=rule, alpha=alpha, gamma=gamma, temperature=temperature,
-                          top_p=top_p, max_new_tokens=N_NEW)
+                          top_p=top_p, max_new_tokens=N_NEW, eos_id=None)
   tokens = np.asarray(out.tokens)
   assert np.all(np.asarray(out.lengths) == N_NEW)
   return (tokens * V ** np.arange(N_NEW - 1, -1, -1)).sum(1), out
@@ -127,6 +127,6 @@ def test_lossy_bonus_token_is_drawn_from_p(rule):
   out = decoding.generate(jax.random.PRNGKey(5), drafter, verifier,
                           jnp.broadcast_to(PROMPTS[0], (SAMPLES, PROMPTS.shape[1])),
                           jnp.broadcast_to(LENGTHS[0], (SAMPLES,)), method="speculative", rule=rule,
-                          alpha=0.4, gamma=1, max_new_tokens=2)
+                          alpha=0.4, gamma=1, max_new_tokens=2, eos_id=None)
   codes = np.asarray(out.tokens) @ np.array([V, 1])
   assert_law(codes, probs / probs.sum(), what=rule)

@@ -153,7 +153,7 @@ def test_a_damaged_line_before_the_last_raises(tmp_path):
     (["small/Family.model = 'pair'"], "model must be 'drafter' or 'verifier'"),
     (["token_v3/Family.rule = 'lossy'"], "both contain the point"),
     (["Experiment.n_latency_examples = 10"], "n_latency_examples must lie in \\[1, n_examples=6\\]"),
-    (["drafter/ModelSource.max_length = 64"], "max_length=64"),   # prompt 48 + 8 new + slack > 64
+    (["drafter/ModelSource.max_length = 58"], "max_length=58"),   # prompt 48 + 8 new + γ+1 = 4 slack > 58
 ])
 def test_bad_grids_are_rejected_before_compute(bindings, message, tmp_path, monkeypatch):
   output = tmp_path / "results.jsonl"

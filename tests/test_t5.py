@@ -103,6 +103,15 @@ def test_cached_scoring_of_ragged_rows_equals_teacher_forcing(model, n, steps):
     cache = base.rollback(cache, np.asarray(cache.lengths) - np.array([0, step % n, (step + 1) % n]))
 
 
+def test_score_returns_the_decoder_hidden_states_the_logits_are_read_from(model):
+  encoder, decoder = _data(1)
+  _, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
+  logits, _, hidden = model.score(cache, decoder[:, :4], return_hidden=True)
+  assert hidden.shape == (3, 4, model.config.emb_dim)
+  kernel = np.asarray(model.params["decoder"]["logits_dense"]["kernel"])
+  np.testing.assert_allclose(logits, np.asarray(hidden, np.float32) @ kernel, rtol=0, atol=1e-5)
+
+
 def test_padding_and_other_rows_do_not_change_a_row(model):
   encoder, decoder = _data(1)
   junk = np.where(np.arange(7) < ENCODER_LENGTHS[:, None], encoder, 1)
@@ -176,7 +185,7 @@ def test_hf_import_gives_pytorch_logits_with_padded_encoder_inputs(hf_model):
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
 
 
-def test_greedy_generate_equals_hugging_face_generate(hf_model):
+def test_greedy_generate_equals_hugging_face_generate(hf_model, eos_id=None):
   import torch
   hf, directory = hf_model
   ours = convert.load_hf_t5(directory)
@@ -189,7 +198,7 @@ def test_greedy_generate_equals_hugging_face_generate(hf_model):
   with torch.no_grad():
     want = hf.generate(input_ids=torch.from_numpy(encoder).long(), attention_mask=torch.from_numpy(mask).long(),
                        do_sample=False, num_beams=1, max_new_tokens=n_new, eos_token_id=1, pad_token_id=0,
-                       decoder_start_token_id=0, use_cache=False).numpy()[:, 1:]
+                       decoder_start_token_id=0, use_cache=False, eos_id=None).numpy()[:, 1:]
   want = np.pad(want, ((0, 0), (0, n_new - want.shape[1])))
   out = decoding.generate(jax.random.PRNGKey(0), None, ours, encoder, lengths, method="autoregressive",
                           temperature=0.0, max_new_tokens=n_new, eos_id=1)
@@ -311,11 +320,11 @@ def test_greedy_speculative_equals_verifier_greedy():
     lengths = rng.integers(1, 41, size=4).astype(np.int32)
     prompts = np.where(np.arange(40) < lengths[:, None], rng.integers(2, V, size=(4, 40)), 0).astype(np.int32)
     want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive",
-                             temperature=0.0, max_new_tokens=N_NEW)
+                             temperature=0.0, max_new_tokens=N_NEW, eos_id=None)
     for gamma in (1, 3):
       for rows in [slice(0, 4)] + [slice(b, b + 1) for b in range(4)]:
         got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts[rows], lengths[rows],
-                                method="speculative", gamma=gamma, temperature=0.0, max_new_tokens=N_NEW)
+                                method="speculative", gamma=gamma, temperature=0.0, max_new_tokens=N_NEW, eos_id=None)
         ambiguous += _assert_same_greedy(got.tokens, want.tokens[rows], verifier, prompts[rows], lengths[rows])
         rejected += int(np.asarray(got.stats.rejected).sum())
         np.testing.assert_array_equal(got.lengths, N_NEW)
@@ -329,7 +338,7 @@ def test_mixed_encoder_decoder_and_decoder_only_pair_raises():
   prompts, lengths = np.ones((1, 3), np.int32), np.array([3], np.int32)
   with pytest.raises(ValueError, match="decoder-only or both encoder-decoder"):
     decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method="speculative",
-                      max_new_tokens=4)
+                      max_new_tokens=4, eos_id=None)
 
 
 LAW_V, LAW_NEW, LAW_SAMPLES = 4, 3, 20_000
@@ -361,7 +370,7 @@ def test_sequence_law_matches_enumeration(method, rule, alpha, gamma):
   out = decoding.generate(jax.random.PRNGKey(gamma), drafter, verifier,
                           np.broadcast_to(LAW_PROMPT, (LAW_SAMPLES, 4)), np.full((LAW_SAMPLES,), LAW_LENGTH),
                           method=method, rule=rule, alpha=alpha, gamma=gamma, temperature=temperature,
-                          top_p=top_p, max_new_tokens=LAW_NEW)
+                          top_p=top_p, max_new_tokens=LAW_NEW, eos_id=None)
   np.testing.assert_array_equal(out.lengths, LAW_NEW)
   codes = np.asarray(out.tokens) @ LAW_V ** np.arange(LAW_NEW - 1, -1, -1)
   assert_law(codes, probs / probs.sum(), what=f"{method}/{rule}")

@@ -144,3 +144,66 @@ def test_bad_input():
     tasks.tokenized("debian_lm", "dev", source="sample")
   with pytest.raises(ValueError, match="outside the model's vocabulary"):
     next(tasks.prefix_lm_batches("validation", batch_size=2, seq_len=16, vocab_size=100, source="sample"))
+
+
+def test_length_buckets_regroup_the_same_examples_with_less_padding_and_resume():
+  kwargs = dict(batch_size=8, seq_len=256, vocab_size=VOCAB.vocab_size, source="sample", seed=3)
+  plain = _take(tasks.prefix_lm_batches("train", **kwargs), 8)
+  bucketed = _take(tasks.prefix_lm_batches("train", length_window=4, **kwargs), 8)
+  for window in (slice(0, 4), slice(4, 8)):   # each window of 4 batches holds the same 32 examples
+    rows = lambda batches: sorted(np.trim_zeros(row, "b").tobytes() for b in batches for row in b["inputs"])
+    assert rows(plain[window]) == rows(bucketed[window])
+  for batch in bucketed:
+    width = batch["inputs"].shape[1]
+    longest = max(len(np.trim_zeros(row, "b")) for row in batch["inputs"])
+    assert width % 32 == 0 and longest <= width < longest + 32
+    assert batch["weights"].shape == batch["inputs"].shape
+  assert sum(b["inputs"].size for b in bucketed) < 0.6 * sum(b["inputs"].size for b in plain)
+  resumed = _take(tasks.prefix_lm_batches("train", length_window=4, start=5, **kwargs), 3)
+  assert all(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(resumed, bucketed[5:]))
+
+
+def test_generated_continuations_round_trip_resume_and_train_like_a_task(tmp_path):
+  import jax
+  from specdec import decoding, models
+  from specdec.training import distill
+  model = models.build("tiny", vocab_size=VOCAB.vocab_size, seed=0)
+  write = lambda: distill.write(tmp_path, model, "debian_synopsis", "validation", 3, source="sample",
+                                eos_id=VOCAB.eos_id, batch_size=2)
+  write()
+  chunk = tasks.generated_chunk_path(tmp_path, "debian_synopsis", "validation", 0)
+  written = chunk.stat().st_mtime_ns
+  write()   # resumes: the finished chunk is kept, not regenerated
+  assert chunk.stat().st_mtime_ns == written
+  generated = tasks.read_generated(tmp_path, "debian_synopsis", "validation")
+  split = tasks.tokenized("debian_synopsis", "validation", source="sample")
+  rows = np.load(chunk)["rows"]
+  prompts, lengths = split.prompts(rows)
+  for i, row in enumerate(rows):   # the prompt, then what greedy decoding of that prompt alone writes
+    n = int(lengths[i])
+    assert generated.tokens[i, :n].tolist() == prompts[i, :n].tolist()
+    alone = decoding.generate(jax.random.PRNGKey(0), None, model, prompts[i:i + 1, :n], lengths[i:i + 1],
+                              method="autoregressive", temperature=0.0, max_new_tokens=32, eos_id=VOCAB.eos_id)
+    assert generated.tokens[i, n:generated.lengths[i]].tolist() == np.asarray(alone.tokens)[0, :int(alone.lengths[0])].tolist()
+  batch = next(tasks.prefix_lm_batches("validation", batch_size=3, seq_len=256, vocab_size=VOCAB.vocab_size,
+                                       tasks=["debian_synopsis"], generated=str(tmp_path)))
+  assert batch["weights"].sum() == (generated.lengths - generated.prompt_lengths).sum()
+  with pytest.raises(FileNotFoundError, match="make_distill_data"):
+    tasks.read_generated(tmp_path, "debian_en_de", "validation")
+
+
+def test_prompt_batch_formats_texts_as_the_task_and_buckets_the_width():
+  texts = ["A tool to frobnicate files.", "Another package, with a much longer description of what it does."]
+  prompts, lengths = tasks.prompt_batch(texts, task="debian_synopsis")
+  task = tasks.get_task("debian_synopsis")
+  for i, text in enumerate(texts):
+    expected, _ = tasks.encode_example(task, VOCAB, {"document": text, "summary": ""})
+    assert prompts[i, :lengths[i]].tolist() == expected and not prompts[i, lengths[i]:].any()
+  assert prompts.shape[1] % 32 == 0 and prompts.shape[1] - 32 < lengths.max() <= prompts.shape[1]
+  assert VOCAB.decode(prompts[0, :lengths[0]].tolist()).endswith("synopsis:")
+  raw, raw_lengths = tasks.prompt_batch(["hello world"], bucket=8)
+  assert raw.shape == (1, 8) and raw[0, :raw_lengths[0]].tolist() == VOCAB.encode("hello world")
+  with pytest.raises(ValueError, match="texts must be a non-empty list of strings"):
+    tasks.prompt_batch("just one string")
+  with pytest.raises(ValueError, match="encode to no tokens"):
+    tasks.prompt_batch(["ok", ""])

@@ -372,3 +372,62 @@ def test_t5_pair_configs_share_the_data_and_the_verifier_step_costs_over_10x_the
   drafter, verifier = (jax.eval_shape(functools.partial(models.build, presets[name], vocab_size=8192))
                        for name in ("drafter", "verifier"))
   assert _decoder_step_multiply_adds(verifier) > 10 * _decoder_step_multiply_adds(drafter)
+
+
+# --- distillation ----------------------------------------------------------------------------------------
+
+def _distill_first_step(student, teacher, batch, loss):
+  """Metrics of the first distillation step (at the student's initial parameters)."""
+  state = training.TrainState.create(student.params, training.make_optimizer(300, **OPTIMIZER))
+  _, metrics = training.distill_step(state, batch, student, teacher, loss)
+  return jax.device_get(metrics)
+
+
+@pytest.mark.parametrize("loss", ["kl", "tv"])
+def test_distillation_metrics_are_kl_acceptance_and_agreement_on_the_target_positions(loss):
+  batch = _prefix_lm_batch()
+  student = models.build("tiny", vocab_size=V, seed=0, max_length=64)
+  teacher = models.build("tiny", vocab_size=V, seed=1, max_length=64)
+  metrics = _distill_first_step(student, teacher, batch, loss)
+  inputs = jnp.asarray(batch["inputs"])
+  targets = np.arange(10, 26)   # weighted tokens; position t − 1 predicts token t
+  log_q = np.asarray(jax.nn.log_softmax(_logits(student, inputs)), np.float64)[:, targets - 1]
+  log_p = np.asarray(jax.nn.log_softmax(_logits(teacher, inputs)), np.float64)[:, targets - 1]
+  p, q = np.exp(log_p), np.exp(log_q)
+  kl = np.mean(np.sum(p * (log_p - log_q), -1))
+  acceptance = np.mean(np.sum(np.minimum(p, q), -1))
+  np.testing.assert_allclose(metrics["kl"], kl, rtol=1e-4)
+  np.testing.assert_allclose(metrics["acceptance"], acceptance, rtol=1e-5)
+  np.testing.assert_allclose(metrics["loss"], kl if loss == "kl" else 1 - acceptance, rtol=1e-4)
+  np.testing.assert_allclose(metrics["agreement"], np.mean(log_q.argmax(-1) == log_p.argmax(-1)))
+  np.testing.assert_allclose(metrics["correct"], np.mean(log_q.argmax(-1) == batch["inputs"][:, targets]))
+  assert 0 < acceptance < 1 and float(metrics["tokens"]) == B * 16
+
+
+def test_distillation_pulls_the_student_towards_the_teacher():
+  teacher = models.build("tiny", vocab_size=V, seed=1, max_length=64)
+  student = models.build("tiny", vocab_size=V, seed=0, max_length=64)
+  state = training.TrainState.create(student.params, training.make_optimizer(60, **{**OPTIMIZER, "warmup_steps": 5}))
+  batches = training.markov_batches("train", batch_size=B, seq_len=L, vocab_size=V)
+  first = None
+  for _ in range(60):
+    state, metrics = training.distill_step(state, next(batches), student, teacher, "kl")
+    first = first or jax.device_get(metrics)
+  last = jax.device_get(metrics)
+  assert last["kl"] < 0.5 * first["kl"] and last["acceptance"] > first["acceptance"] + 0.05
+
+
+def test_distillation_run_starts_from_an_export_and_rejects_bad_settings(tmp_path):
+  teacher = models.build("tiny", vocab_size=V, seed=1, max_length=64)
+  training.save_params(str(tmp_path / "teacher"), teacher, preset="tiny")
+  kwargs = dict(data_source=training.markov_batches, eval_batches=1, **{**SHAPES, "seed": 0})
+  # Started from the teacher's own parameters, the student is the teacher: nothing to learn.
+  _, result = _run(None, 1, teacher=str(tmp_path / "teacher"), init_from=str(tmp_path / "teacher"),
+                   eval_batches=1)
+  assert result["kl"] < 1e-5 and result["acceptance"] > 1 - 1e-5 and result["agreement"] == 1.0
+  with pytest.raises(ValueError, match="distill_loss"):
+    training.train_and_evaluate(model_dir=None, num_steps=1, teacher=str(tmp_path / "teacher"), distill_loss="js",
+                                **kwargs)
+  with pytest.raises(ValueError, match="vocab_size"):
+    training.train_and_evaluate(model_dir=None, num_steps=1, teacher=str(tmp_path / "teacher"),
+                                **{**kwargs, "vocab_size": 2 * V})

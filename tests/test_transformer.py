@@ -98,7 +98,7 @@ def test_each_row_of_a_batch_scores_as_if_alone(model):
   for b in range(B):
     _, alone = _prefilled(model, prompts[b:b + 1], PROMPT_LENGTHS[b:b + 1])
     logits_alone, _ = _score(model, alone, tokens[b:b + 1])
-    np.testing.assert_allclose(logits[b:b + 1], logits_alone, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(logits[b:b + 1], logits_alone, rtol=0, atol=ATOL)
 
 
 def test_presets_have_the_spectr_lm1b_sizes():
@@ -154,3 +154,14 @@ def test_greedy_decoding_inside_a_jitted_while_loop(model):
     full[b, PROMPT_LENGTHS[b]:PROMPT_LENGTHS[b] + steps] = generated[b]
   argmax = np.asarray(jnp.argmax(_logits(model, full), axis=-1))
   np.testing.assert_array_equal(generated, argmax[ROWS, PROMPT_LENGTHS[:, None] - 1 + np.arange(steps)])
+
+
+def test_score_returns_the_hidden_states_the_logits_are_read_from(model):
+  seqs, prompts, _ = _data(5)
+  _, cache = _prefilled(model, prompts)
+  tokens = seqs[ROWS, np.asarray(cache.lengths)[:, None] + np.arange(3)]
+  logits, _, hidden = model.score(cache, tokens, return_hidden=True)
+  assert hidden.shape == tokens.shape + (model.config.emb_dim,)
+  # lm1b's output layer: logits = hidden · embeddingᵀ / √E.
+  embedding = np.asarray(model.params["embed"]["embedding"])
+  np.testing.assert_allclose(logits, np.asarray(hidden) @ embedding.T / np.sqrt(model.config.emb_dim), atol=ATOL)

@@ -28,10 +28,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,40 @@ def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decod
   inputs = vocab.encode(task.inputs_and_targets(record)[0])[:task.max_input_tokens - len(separator)]
   targets = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
   return inputs + separator, targets
+
+
+def prompt_batch(texts: Sequence[str], *, task: str | None = None, vocab: Vocabulary | None = None,
+                 encoder_decoder: bool = False, bucket: int = 32) -> tuple[np.ndarray, np.ndarray]:
+  """Texts as a decoding batch: prompts [B, W] int32 right-padded with 0 and prompt_lengths [B].
+
+  With a `task`, each text is the task's input, formatted and cut as in training ("summarize: <text>
+  synopsis:"; `encode_example`); without one, the text's tokens as they are. W is the longest prompt
+  rounded up to a multiple of `bucket`, so prompts of new lengths reuse the loops compiled for their
+  bucket instead of compiling again. `vocab` defaults to the shipped vocabulary.
+  """
+  if isinstance(texts, str) or not all(isinstance(text, str) for text in texts) or not texts:
+    raise ValueError(f"texts must be a non-empty list of strings; got {texts!r:.80}")
+  if not isinstance(bucket, int) or bucket < 1:
+    raise ValueError(f"bucket must be an int >= 1; got {bucket!r}")
+  vocab = vocab or load_vocabulary()
+  if task is None:
+    ids = [vocab.encode(text) for text in texts]
+  else:
+    spec = get_task(task)
+    if spec.input_field is None:
+      ids = [vocab.encode(text) for text in texts]   # an LM task continues the text itself
+    else:
+      ids = [encode_example(spec, vocab, {spec.input_field: text, spec.target_field: ""},
+                            encoder_decoder=encoder_decoder)[0] for text in texts]
+  empty = [i for i, row in enumerate(ids) if not row]
+  if empty:
+    raise ValueError(f"texts {empty} encode to no tokens; a prompt needs at least one")
+  lengths = np.array([len(row) for row in ids], np.int32)
+  width = -(-int(lengths.max()) // bucket) * bucket
+  prompts = np.zeros((len(ids), width), np.int32)
+  for i, row in enumerate(ids):
+    prompts[i, :len(row)] = row
+  return prompts, lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,22 +270,73 @@ def tokenized(task: str, split: str, *, source: str | os.PathLike = "auto", voca
                     uses_lm_prompt, encoder_decoder)
 
 
+def generated_chunk_path(directory: str | os.PathLike, task: str, split: str, index: int) -> Path:
+  """Where chunk `index` of a task split's generated continuations lives (`specdec.training.distill.write`)."""
+  return Path(directory) / f"{task}.{split}.{index:05d}.npz"
+
+
+def read_generated(directory: str | os.PathLike, task: str, split: str) -> Tokenized:
+  """A task split's prompts with a model's own continuations as targets, as written by
+  `specdec.training.distill.write` (records are not kept)."""
+  paths = sorted(p for p in Path(directory).glob(f"{task}.{split}.[0-9]*.npz") if ".partial" not in p.name)
+  if not paths:
+    raise FileNotFoundError(f"no generated {task}/{split} examples in {directory} (scripts/make_distill_data.py)")
+  arrays = [np.load(p) for p in paths]
+  return Tokenized(tokens=np.concatenate([a["tokens"] for a in arrays]),
+                   prompt_lengths=np.concatenate([a["prompt_lengths"] for a in arrays]),
+                   lengths=np.concatenate([a["lengths"] for a in arrays]), records=())
+
+
 def prefix_lm_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: int, start: int = 0,
                       tasks: Sequence[str] = tuple(TASKS), source: str = "auto", vocab_path: str | None = None,
-                      cache_dir: str | None = None, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+                      cache_dir: str | None = None, seed: int = 0, length_window: int = 0,
+                      generated: str | None = None) -> Iterator[dict[str, np.ndarray]]:
   """A `specdec.training.DataSource` of prefix-LM rows from a mixture of tasks.
 
   The tasks' examples are pooled (examples-proportional mixing) and visited in a fresh permutation per
   epoch, seeded by (seed, split, epoch); batch i holds positions [i·B, (i+1)·B) of that endless stream,
   so it depends on i alone. Rows are cut or padded to `seq_len`. Yields {'inputs' [B, seq_len] int32,
   'weights' [B, seq_len] float32}.
+
+  `length_window` W > 0 buckets by length: each run of W batches of that stream is regrouped into W
+  batches of rows of similar length (sorted, then the W batches in a seeded random order), each cut to
+  its longest row rounded up to a multiple of 32 — the same examples with far less padding (the local
+  tasks' rows average ~70 of 256 tokens), at most seq_len/32 shapes to compile. Still a pure function of
+  the batch index.
+
+  `generated`: a directory of `read_generated` continuations (sequence-level distillation data) to use
+  instead of the tasks' references.
   """
-  parts = [tokenized(name, split, source=source, vocab_path=vocab_path, cache_dir=cache_dir, training=True)
-           for name in tasks]
+  if generated is not None:
+    parts = [read_generated(generated, name, split) for name in tasks]
+  else:
+    parts = [tokenized(name, split, source=source, vocab_path=vocab_path, cache_dir=cache_dir, training=True)
+             for name in tasks]
   pool = {"inputs": np.concatenate([_fit(part.tokens, seq_len) for part in parts]),
           "weights": np.concatenate([_fit(part.weights(), seq_len) for part in parts])}
-  return _mixture_batches(pool, split, tasks=tasks, batch_size=batch_size, start=start, vocab_size=vocab_size,
-                          seed=seed)
+  make = lambda first: _mixture_batches(pool, split, tasks=tasks, batch_size=batch_size, start=first,
+                                        vocab_size=vocab_size, seed=seed)
+  if length_window <= 0:
+    return make(start)
+  return _length_bucketed(make, start=start, window=length_window, batch_size=batch_size, seed=seed)
+
+
+def _length_bucketed(make: Callable[[int], Iterator[dict[str, np.ndarray]]], *, start: int, window: int,
+                     batch_size: int, seed: int, multiple: int = 32) -> Iterator[dict[str, np.ndarray]]:
+  """`prefix_lm_batches`' length buckets over the stream `make(first_batch)`."""
+  first_window, skip = divmod(start, window)
+  stream = make(first_window * window)
+  for index in itertools.count(first_window):
+    chunk = [next(stream) for _ in range(window)]
+    pool = {key: np.concatenate([batch[key] for batch in chunk]) for key in chunk[0]}
+    nonzero = pool["inputs"] != 0
+    lengths = np.where(nonzero.any(axis=1), nonzero.shape[1] - np.argmax(nonzero[:, ::-1], axis=1), 0)
+    by_length = np.argsort(lengths, kind="stable").reshape(window, batch_size)
+    for group in np.random.default_rng([seed, index]).permutation(window)[skip:]:
+      rows = by_length[group]
+      width = min(pool["inputs"].shape[1], max(multiple, -(-int(lengths[rows].max()) // multiple) * multiple))
+      yield {key: array[rows, :width] for key, array in pool.items()}
+    skip = 0
 
 
 SEQ2SEQ_TASKS = ("debian_synopsis", "debian_en_de")

@@ -1,86 +1,132 @@
 """Decode loops (layer 3) and their public entry point `generate`.
 
-Every loop is one `jax.lax.while_loop`, batched with ragged per-row progress, and sees models only
-through `specdec.models.base`. `generate` checks its arguments on the host, then runs a jitted loop
-whose sweep parameters (alpha, temperature, top_p) are traced: a sweep compiles once per
-(method, rule, γ, shapes).
+Every method is one entry of `methods.METHODS` (its parameters and ranges, its drafter, its cache slack,
+its decode function); every loop runs on `common.decode_loop`, batched with ragged per-row progress, and
+sees models only through `specdec.models.base` and drafters through `drafters.Drafter`. `generate` checks
+its arguments on the host, then runs a jitted loop whose sweep parameters (α, temperature, top_p, …: the
+traced ones) are arguments: a sweep compiles once per (method, static parameters, shapes).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import checks, targets
-from specdec.decoding import cascades, common, speculative
-from specdec.decoding.autoregressive import autoregressive
+from specdec import checks
+from specdec.decoding import common, methods
 from specdec.decoding.common import Output, Stats
+from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, as_drafter
+from specdec.decoding.methods import METHODS, Method, Param, register
 from specdec.models import base
 from specdec.models.base import Model
+from specdec.sampling import Sampling
 
 Array = jax.Array
 
-METHODS = ("autoregressive", "speculative", "token_cascade", "seq_cascade", "oracle_cascade", "bild")
-__all__ = ["generate", "METHODS", "Output", "Stats"]
+# End-of-sequence id of T5's vocabularies and of the shipped SentencePiece vocabulary (pad 0, eos 1, unk 2):
+# generation stops there unless `generate` is told otherwise (eos_id=None decodes max_new_tokens always).
+DEFAULT_EOS_ID = 1
+
+__all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "METHODS", "Method", "ModelDrafter", "Output", "Param", "Sampling", "Stats",
+           "generate", "register"]
 
 
-def cache_length_for(prompt_positions: int, max_new_tokens: int, gamma: int) -> int:
+def _int(name: str, value: Any, lo: int) -> int:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < lo:
+    raise ValueError(f"{name} must be an int >= {lo}; got {value!r}")
+  return int(value)
+
+
+def _prompt_arrays(prompts: Any, prompt_lengths: Any) -> tuple[np.ndarray, np.ndarray]:
+  """prompts [B, L] and prompt_lengths [B] as int32 arrays, or a ValueError saying what is wrong."""
+  if not hasattr(prompts, "shape") or not hasattr(prompts, "dtype"):
+    raise ValueError(f"prompts must be an integer array [B, L] (np.asarray a list of token lists, or use "
+                     f"specdec.data.tasks.prompt_batch for texts); got {type(prompts).__name__}")
+  if np.ndim(prompts) != 2:
+    raise ValueError(f"prompts must be [B, L] (one row per prompt; a single prompt is prompts[None]); got "
+                     f"shape {tuple(np.shape(prompts))}")
+  if not np.issubdtype(prompts.dtype, np.integer):
+    raise ValueError(f"prompts must hold integer token ids; got dtype {prompts.dtype}")
+  if prompt_lengths is None:
+    prompt_lengths = np.full((prompts.shape[0],), prompts.shape[1], np.int32)
+  prompt_lengths = np.asarray(prompt_lengths)
+  checks.check_shape("prompt_lengths", prompt_lengths, (prompts.shape[0],), "[B]")
+  return prompts, prompt_lengths
+
+
+def _sampling(sampling: Sampling | None, temperature, top_p, top_k) -> Sampling:
+  loose = {name: value for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k))
+           if value is not None}
+  if sampling is not None and loose:
+    raise ValueError(f"give either sampling= or {', '.join(loose)}, not both")
+  if sampling is None:
+    sampling = Sampling(**loose)
+  return sampling.checked()
+
+
+def cache_length_for(prompt_positions: int, max_new_tokens: int, slack: int) -> int:
   """Cache positions a run needs: the padded prompt's (`base.prompt_cache_positions`: its width, 1 for an
-  encoder-decoder), the new tokens, and one block of overshoot."""
-  return prompt_positions + max_new_tokens + gamma + cascades.MAX_DRAFTER_RUN + 2
+  encoder-decoder), the new tokens, and the method's slack (`Method.slack`: one block's overshoot)."""
+  return prompt_positions + max_new_tokens + slack
 
 
-def generate(key: Array, drafter: Model | None, verifier: Model, prompts: Array, prompt_lengths: Array, *,
-             method: str, rule: str = "spec", alpha: float = 0.0, gamma: int = 5,
-             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int,
-             eos_id: int | None = None, fallback_alpha: float = 0.5) -> Output:
-  """Decodes a batch of prompts [B, L] (row b's prompt is prompts[b, :prompt_lengths[b]]).
+def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts: Array,
+             prompt_lengths: Array | None = None, *, method: str, max_new_tokens: int,
+             sampling: Sampling | None = None, temperature: float | None = None, top_p: float | None = None,
+             top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, **params: Any) -> Output:
+  """Decodes a batch of prompts [B, L] (row b's prompt is prompts[b, :prompt_lengths[b]]; None: all of L).
 
-  method:
+  method (`methods.METHODS`; its parameters as keyword arguments, defaults in brackets):
     autoregressive  the verifier alone (the latency baseline; pass the drafter as `verifier` to run the
                     small model alone); drafter may be None.
-    speculative     γ drafts, one verifier call scoring γ+1 positions, Alg. 4 with π = T(q, p) of `rule`
-                    (spec: SpecDecode; lossy / lossy_tuned: SpecDecode [Lossy]; bild: BiLD*; cascade and
-                    token rules: SpecCascade). Greedy lossy (Leviathan) is token_v3 at temperature 0.
-    token_cascade   TokenCascade [chow / chow_log] (Alg. 2, ≤ 10 drafter tokens per verifier call).
-    seq_cascade     SeqCascade [Chow] (eq. 1).
-    oracle_cascade  OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff]).
-    bild            the original BiLD: fallback while max q ≥ 1 − fallback_alpha, at most γ drafts,
-                    deterministic rollback where D(q, p) > alpha.
+    speculative     rule ['spec'], alpha [0], gamma [5]: γ drafts, one verifier call scoring γ+1
+                    positions, Alg. 4 with π = T(q, p) of `rule` (spec: SpecDecode; lossy / lossy_tuned:
+                    SpecDecode [Lossy]; bild: BiLD*; cascade and token rules: SpecCascade). Greedy lossy
+                    (Leviathan) is token_v3 at temperature 0.
+    token_cascade   rule ['chow' | 'chow_log'], alpha: TokenCascade (Alg. 2, ≤ 10 drafter tokens per
+                    verifier call).
+    seq_cascade     alpha: SeqCascade [Chow] (eq. 1).
+    oracle_cascade  rule, alpha: OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff]).
+    bild            alpha, fallback_alpha [0.5], gamma: the original BiLD: fallback while max q ≥
+                    1 − fallback_alpha, at most γ drafts, deterministic rollback where D(q, p) > alpha.
+  Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
+  temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild). Rows
+  stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).
   Returns tokens [B, max_new_tokens] (0 after each row's end), lengths [B] and per-row stats. NaN in a
   model's logits stops the affected rows (inside the jitted loop, without a host round-trip) and then
-  raises FloatingPointError naming them.
+  raises FloatingPointError naming them. Bad arguments raise ValueError before any compute.
   """
-  if method not in METHODS:
-    raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-  targets.check_rule(rule)
-  if method == "bild":
-    targets.check_alpha("bild", alpha)
-    checks.check_range("fallback_alpha", fallback_alpha, 0.0, 1.0)
-  elif method == "seq_cascade":
-    checks.check_range("alpha (seq_cascade)", alpha, 0.0, 1.0, hi_closed=False)
-  else:
-    targets.check_alpha(rule, alpha)
-  checks.check_gamma(gamma)
-  checks.check_temperature(temperature)
-  checks.check_top_p(top_p)
-  checks.check_top_k(top_k)
-  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
-  if method != "autoregressive" and drafter is None:
+  spec = methods.get(method)
+  params = spec.resolve(params)
+  sampling = _sampling(sampling, temperature, top_p, top_k)
+  max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
+  if eos_id is not None:
+    eos_id = _int("eos_id", eos_id, 0)
+  prompts, prompt_lengths = _prompt_arrays(prompts, prompt_lengths)
+  if spec.drafter == "none":
+    drafter = None
+  elif drafter is None:
     raise ValueError(f"method {method!r} needs a drafter")
-  common.check_models(None if method == "autoregressive" else drafter, verifier)
-  models = [verifier] if method == "autoregressive" else [drafter, verifier]
-  cache_length = cache_length_for(max(base.prompt_cache_positions(m, prompts.shape[1]) for m in models),
-                                  max_new_tokens, gamma)
+  elif spec.drafter == "model":
+    drafter = drafter.model if isinstance(drafter, ModelDrafter) else drafter
+    if not hasattr(drafter, "score"):
+      raise ValueError(f"method {method!r} needs the drafter's distribution at every step: pass a model, "
+                       f"not a {type(drafter).__name__}")
+  else:
+    drafter = as_drafter(drafter)
+  common.check_models(drafter.model if isinstance(drafter, ModelDrafter) else drafter, verifier)
+  models = [verifier] if drafter is None else [drafter, verifier]
+  cache_length = cache_length_for(max(base.prompt_cache_positions(getattr(m, "model", m), prompts.shape[1])
+                                      for m in models), max_new_tokens, spec.slack(params))
   common.check_prompts(prompts, prompt_lengths, cache_length, models)
-  out = _generate(key, drafter, verifier, jnp.asarray(prompts, jnp.int32),
-                  jnp.asarray(prompt_lengths, jnp.int32), jnp.float32(alpha), jnp.float32(temperature),
-                  jnp.float32(top_p), jnp.float32(fallback_alpha), method=method, rule=rule, gamma=gamma,
-                  top_k=top_k, max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)
+  traced = {name: jnp.float32(value) for name, value in spec.traced(params).items()}
+  out = _generate(key, drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
+                  sampling, traced, method=method, static=tuple(sorted(spec.static(params).items())),
+                  max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)
   failed = np.asarray(out.failed)
   if failed.any():
     raise FloatingPointError(f"NaN logits reached rows {np.flatnonzero(failed).tolist()} of the batch; "
@@ -88,25 +134,9 @@ def generate(key: Array, drafter: Model | None, verifier: Model, prompts: Array,
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("method", "rule", "gamma", "top_k", "max_new_tokens",
-                                             "eos_id", "cache_length"))
-def _generate(key, drafter, verifier, prompts, prompt_lengths, alpha, temperature, top_p, fallback_alpha, *,
-              method, rule, gamma, top_k, max_new_tokens, eos_id, cache_length) -> Output:
-  sampling_args = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                       eos_id=eos_id, cache_length=cache_length)
-  if method == "autoregressive":
-    return autoregressive(key, verifier, prompts, prompt_lengths, **sampling_args)
-  if method == "speculative":
-    return speculative.speculative(key, drafter, verifier, prompts, prompt_lengths, rule=rule,
-                                   alpha=alpha, gamma=gamma, **sampling_args)
-  if method == "bild":
-    return speculative.bild(key, drafter, verifier, prompts, prompt_lengths, alpha=alpha,
-                            fallback_alpha=fallback_alpha, gamma=gamma, **sampling_args)
-  if method == "token_cascade":
-    return cascades.token_cascade(key, drafter, verifier, prompts, prompt_lengths, rule=rule, alpha=alpha,
-                                  **sampling_args)
-  if method == "oracle_cascade":
-    return cascades.oracle_cascade(key, drafter, verifier, prompts, prompt_lengths, rule=rule, alpha=alpha,
-                                   **sampling_args)
-  return cascades.seq_cascade(key, drafter, verifier, prompts, prompt_lengths, alpha=alpha,
-                              **sampling_args)
+@functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length"))
+def _generate(key, drafter, verifier, prompts, prompt_lengths, sampling, traced, *, method, static,
+              max_new_tokens, eos_id, cache_length) -> Output:
+  return METHODS[method].decode(key, drafter, verifier, prompts, prompt_lengths, sampling=sampling,
+                                max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
+                                **traced, **dict(static))

@@ -5,13 +5,18 @@ cascade rule.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec import sampling, targets, verify
+from specdec import sampling as sampling_lib
+from specdec import targets, verify
 from specdec.decoding import common
 from specdec.decoding.autoregressive import autoregressive
+from specdec.decoding.drafters import ModelDrafter
+from specdec.decoding.speculative import PairState
 from specdec.models.base import Model, rollback
 
 Array = jax.Array
@@ -23,15 +28,15 @@ _CATCH_UP_WIDTHS = (1, 4, MAX_DRAFTER_RUN + 1)
 
 
 @struct.dataclass
-class _CascadeState(common.PairState):
+class _CascadeState(PairState):
   pending: Array           # [B, MAX_DRAFTER_RUN] tokens in the drafter's cache, not yet the verifier's
   n_pending: Array         # [B]
   run: Array               # [B] drafter tokens since the row last deferred (TokenCascade's cap)
 
 
 def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
-                   rule: str, alpha, temperature, top_p, top_k: int, max_new_tokens: int,
-                   eos_id: int | None, cache_length: int) -> common.Output:
+                   sampling: sampling_lib.Sampling, rule: str, alpha, max_new_tokens: int, eos_id: int | None,
+                   cache_length: int) -> common.Output:
   """OracleCascade (Alg. 3): both models every step; x_t is drawn from the law that one step of Alg. 4
   with π_t = T(q_t, p_t) emits (`verify.verification_law`: π_t itself when Σπ_t = 1, Tran-Thien's law for
   lossy with β = 1). With a cascade rule this is (1 − δ)·S(q_t) + δ·S(p_t), and in every case it is the
@@ -39,36 +44,33 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
   """
   batch = prompts.shape[0]
 
-  def body(state: common.PairState) -> common.PairState:
+  def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, step_key = jax.random.split(state.key)
-    q_logits, drafter_cache = drafter.score(state.drafter_cache, state.last[:, None])
+    q_logits, drafter_cache = drafter.score(state.drafter_state, state.last[:, None])
     p_logits, verifier_cache = verifier.score(state.verifier_cache, state.last[:, None])
-    q_raw, q = common.distributions(q_logits[:, 0], temperature, top_p, top_k)
-    p_raw, p = common.distributions(p_logits[:, 0], temperature, top_p, top_k)
+    q_raw, q = sampling.distributions(q_logits[:, 0])
+    p_raw, p = sampling.distributions(p_logits[:, 0])
     pi = targets.target_distribution(rule, q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
-    token = sampling.sample(step_key, verify.verification_law(q, pi))
-    live = ~state.emitted.done
-    emitted, count = common.emit(state.emitted, token[:, None], jnp.ones((batch,), jnp.int32),
-                                 max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                 failed=common.has_nan(q_logits) | common.has_nan(p_logits))
+    token = sampling_lib.sample(step_key, verify.verification_law(q, pi))
     if rule in targets.CASCADE_RULES:
       deferred = targets.deferral(rule, q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=alpha)
     else:
       deferred = jnp.any(jnp.abs(pi - q) > 1e-6, axis=-1)
-    stats = state.stats.add(live, drafter_calls=1, verifier_calls=1, deferred=deferred & (count > 0),
-                            generated=count)
-    return state.replace(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=token,
-                         emitted=emitted, stats=stats)
+    new_state = state.replace(key=key, drafter_state=drafter_cache, verifier_cache=verifier_cache, last=token)
+    return new_state, common.Emission(
+        block=token[:, None], count=jnp.ones((batch,), jnp.int32),
+        failed=common.has_nan(q_logits) | common.has_nan(p_logits),
+        counters=dict(drafter_calls=1, verifier_calls=1), deferred=deferred[:, None])
 
-  start = common.PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length=cache_length,
-                                 max_new_tokens=max_new_tokens, slack=1)
-  end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)
-  return common.finish(end.emitted, end.stats, max_new_tokens)
+  start = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
+  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                                 slack=1)
+  return output
 
 
 def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
-                  rule: str, alpha, temperature, top_p, top_k: int, max_new_tokens: int,
-                  eos_id: int | None, cache_length: int) -> common.Output:
+                  sampling: sampling_lib.Sampling, rule: str, alpha, max_new_tokens: int, eos_id: int | None,
+                  cache_length: int) -> common.Output:
   """TokenCascade (Alg. 2), sequential: the drafter runs until δ(q_raw) = 1 or for MAX_DRAFTER_RUN
   tokens; then the verifier catches up on the accumulated prefix in one call and emits one token from
   S(p) (App. F.1). `rule` must decide from q alone (chow, chow_log).
@@ -79,17 +81,14 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
   changes nothing in their output or their cap); their counters do not count the call. Latency is
   measured at batch size 1.
   """
-  if rule not in ("chow", "chow_log"):
-    raise ValueError(f"token_cascade defers before the verifier runs, so its rule must use q only "
-                     f"(chow or chow_log); got {rule!r}")
   batch = prompts.shape[0]
   rows = jnp.arange(batch)
 
-  def body(state: _CascadeState) -> _CascadeState:
+  def step(state: _CascadeState, done: Array) -> tuple[_CascadeState, common.Emission]:
     key, key_q, key_p = jax.random.split(state.key, 3)
-    live = ~state.emitted.done
-    q_logits, drafter_cache = drafter.score(state.drafter_cache, state.last[:, None])
-    q_raw, q = common.distributions(q_logits[:, 0], temperature, top_p, top_k)
+    live = ~done
+    q_logits, drafter_cache = drafter.score(state.drafter_state, state.last[:, None])
+    q_raw, q = sampling.distributions(q_logits[:, 0])
     defers = targets.deferral(rule, q_raw=q_raw, alpha=alpha) | (state.run == MAX_DRAFTER_RUN)
     defers &= live
 
@@ -108,35 +107,32 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
       return jnp.zeros_like(q_logits[:, 0]), state.verifier_cache, jnp.zeros((batch,), bool)
 
     p_logits, verifier_cache, synced = jax.lax.cond(jnp.any(defers), catch_up, wait, state)
-    _, p = common.distributions(p_logits, temperature, top_p, top_k)
-    token = jnp.where(defers, sampling.sample(key_p, p), sampling.sample(key_q, q))
+    _, p = sampling.distributions(p_logits)
+    token = jnp.where(defers, sampling_lib.sample(key_p, p), sampling_lib.sample(key_q, q))
     failed = common.has_nan(q_logits) | (defers & common.has_nan(p_logits))
-    emitted, count = common.emit(state.emitted, token[:, None], jnp.ones((batch,), jnp.int32),
-                                 max_new_tokens=max_new_tokens, eos_id=eos_id, failed=failed)
     live &= ~failed
     pending = state.pending.at[rows, jnp.minimum(state.n_pending, MAX_DRAFTER_RUN - 1)].set(
         jnp.where(synced, 0, state.last))
-    stats = state.stats.add(live, drafter_calls=1, verifier_calls=defers, deferred=defers & (count > 0),
-                            generated=count)
     # A finished row's drafter cache must not run ahead of its pending list: freeze it.
-    drafter_cache = rollback(drafter_cache, jnp.where(live, drafter_cache.lengths,
-                                                      state.drafter_cache.lengths))
-    return state.replace(
-        key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache,
+    drafter_cache = rollback(drafter_cache, jnp.where(live, drafter_cache.lengths, state.drafter_state.lengths))
+    new_state = state.replace(
+        key=key, drafter_state=drafter_cache, verifier_cache=verifier_cache,
         last=jnp.where(live, token, state.last), pending=pending,
-        n_pending=jnp.where(synced, 0, state.n_pending + live), run=jnp.where(defers, 0, state.run + live),
-        emitted=emitted, stats=stats)
+        n_pending=jnp.where(synced, 0, state.n_pending + live), run=jnp.where(defers, 0, state.run + live))
+    return new_state, common.Emission(block=token[:, None], count=jnp.ones((batch,), jnp.int32), failed=failed,
+                                      counters=dict(drafter_calls=1, verifier_calls=defers),
+                                      deferred=defers[:, None])
 
-  start = _CascadeState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length=cache_length,
-                              max_new_tokens=max_new_tokens, slack=1,
-                              pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
-                              n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
-  end = jax.lax.while_loop(lambda s: jnp.any(~s.emitted.done), body, start)
-  return common.finish(end.emitted, end.stats, max_new_tokens)
+  pair = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
+  start = _CascadeState(**{f.name: getattr(pair, f.name) for f in dataclasses.fields(pair)}, pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
+                        n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
+  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                                 slack=1)
+  return output
 
 
 def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
-                alpha, temperature, top_p, top_k: int, max_new_tokens: int, eos_id: int | None,
+                sampling: sampling_lib.Sampling, alpha, max_new_tokens: int, eos_id: int | None,
                 cache_length: int) -> common.Output:
   """SeqCascade [Chow] (eq. 1): the drafter writes the whole response; the row defers to the verifier,
   which writes a new response from the prompt, when the drafter's confidence is below 1 − α.
@@ -148,16 +144,15 @@ def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   """
   key_draft, key_verify = jax.random.split(key)
   drafted, log_confidence = autoregressive(
-      key_draft, drafter, prompts, prompt_lengths, temperature=temperature, top_p=top_p, top_k=top_k,
-      max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length, calls="drafter_calls",
+      key_draft, drafter, prompts, prompt_lengths, sampling=sampling, max_new_tokens=max_new_tokens,
+      eos_id=eos_id, cache_length=cache_length, calls="drafter_calls",
       with_log_confidence=True)
   defers = ~drafted.failed & (
       log_confidence < jnp.log(jnp.maximum(1.0 - jnp.asarray(alpha, jnp.float32), 1e-30)))
 
   def verify_deferred(_):
-    return autoregressive(key_verify, verifier, prompts, prompt_lengths, temperature=temperature,
-                          top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                          cache_length=cache_length, active=defers)
+    return autoregressive(key_verify, verifier, prompts, prompt_lengths, sampling=sampling,
+                          max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length, active=defers)
 
   def nothing_deferred(_):
     return jax.tree.map(jnp.zeros_like, drafted)

@@ -1,14 +1,28 @@
-"""Pieces every decode loop shares: the output record, per-row counters, emitting tokens, argument checks."""
+"""What every decode loop shares: the loop driver (`decode_loop`), the output record, per-row counters,
+emitting tokens with EOS / max_new_tokens per row, NaN rows, argument checks.
+
+A method supplies a start state and a step; `decode_loop` owns the `lax.while_loop`:
+
+  state, emission = step(state, done)     # done [B]: rows that finished before this step
+  # emission.block [B, n], emission.count [B] tokens of it to emit, emission.failed [B] rows NaN reached,
+  # emission.counters {Stats field: [B] increments}, emission.deferred [B, n] (π ≠ q at that token)
+
+The driver appends each row's tokens (cut at EOS and max_new_tokens), charges the counters to the rows
+that were live (not done, not failed), counts `generated` and `deferred` over the tokens actually emitted,
+and stops when every row is done.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec import checks, sampling
-from specdec.models.base import Cache, Model, prefill
+from specdec import checks
+from specdec.models.base import Model
 
 Array = jax.Array
 
@@ -18,7 +32,16 @@ STAT_NAMES = ("drafter_calls", "verifier_calls", "drafted", "accepted", "rejecte
 @struct.dataclass
 class Stats:
   """Per-row cost counters, each [B] int32. A call counts for a row when the row needed it (a row riding
-  along in a batched call it did not need, e.g. a TokenCascade catch-up, is not charged)."""
+  along in a batched call it did not need, e.g. a TokenCascade catch-up, is not charged).
+
+  drafter_calls, verifier_calls  serial model calls;
+  drafted, accepted              draft tokens proposed to the verifier's acceptance test and accepted by
+                                 it (speculative methods, BiLD); 0 for the sequential cascades, whose tokens
+                                 are never tested: each is the drafter's or, where `deferred`, the verifier's;
+  rejected                       blocks in which a draft was rejected;
+  deferred                       emitted tokens whose target was not the drafter's distribution (π ≠ q);
+  generated                      emitted tokens.
+  """
   drafter_calls: Array
   verifier_calls: Array
   drafted: Array
@@ -30,6 +53,12 @@ class Stats:
   @classmethod
   def zeros(cls, batch_size: int) -> "Stats":
     return cls(**{name: jnp.zeros((batch_size,), jnp.int32) for name in STAT_NAMES})
+
+  @property
+  def acceptance_rate(self) -> Array:
+    """accepted / drafted per row [B] (float32; NaN where nothing was drafted)."""
+    drafted = self.drafted.astype(jnp.float32)
+    return jnp.where(drafted > 0, self.accepted / jnp.where(drafted > 0, drafted, 1.0), jnp.nan)
 
   def add(self, active: Array, **increments: Array | int) -> "Stats":
     """Adds increments (scalars or [B]) to the rows where `active` [B] holds."""
@@ -63,24 +92,41 @@ class Emitted:
 
 
 @struct.dataclass
-class PairState:
-  """Loop state of a drafter/verifier loop: both caches hold the committed tokens but the last one."""
-  key: Array
-  drafter_cache: Cache
-  verifier_cache: Cache
-  last: Array              # [B] last emitted token, in neither cache yet
-  emitted: Emitted
-  stats: Stats
+class Emission:
+  """What one step of a method emits (module docstring)."""
+  block: Array                           # [B, n]
+  count: Array                           # [B] tokens of block to emit
+  failed: Array                          # [B] NaN reached the row: it stops, flagged, emitting nothing
+  counters: dict[str, Array]             # Stats field -> [B] (or scalar) increments
+  deferred: Array | None = None          # [B, n]
 
-  @classmethod
-  def start(cls, key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
-            cache_length: int, max_new_tokens: int, slack: int, **extra) -> "PairState":
-    """Both models prefilled with the prompts; `extra` fills a subclass's own fields."""
-    batch = prompts.shape[0]
-    last, drafter_cache = prefill(drafter, drafter.init_cache(batch, cache_length), prompts, prompt_lengths)
-    _, verifier_cache = prefill(verifier, verifier.init_cache(batch, cache_length), prompts, prompt_lengths)
-    return cls(key=key, drafter_cache=drafter_cache, verifier_cache=verifier_cache, last=last,
-               emitted=Emitted.empty(batch, max_new_tokens, slack), stats=Stats.zeros(batch), **extra)
+
+def decode_loop(state: Any, step: Callable[[Any, Array], tuple[Any, Emission]], *, batch_size: int,
+                max_new_tokens: int, eos_id: int | None, slack: int, active: Array | None = None
+                ) -> tuple[Output, Any]:
+  """Runs `step` until every row has emitted EOS or max_new_tokens tokens (or failed); rows where
+  `active` [B] is False emit nothing. `slack` ≥ the most tokens one step emits. Returns the output and
+  the method's final state."""
+  emitted = Emitted.empty(batch_size, max_new_tokens, slack)
+  if active is not None:
+    emitted = emitted.replace(done=~active)
+
+  def body(carry):
+    state, emitted, stats = carry
+    state, emission = step(state, emitted.done)
+    live = ~emitted.done & ~emission.failed
+    emitted, count = emit(emitted, emission.block, emission.count, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                          failed=emission.failed)
+    deferred = 0
+    if emission.deferred is not None:
+      index = jnp.arange(emission.block.shape[1])
+      deferred = jnp.sum(emission.deferred & (index < count[:, None]), axis=-1)
+    stats = stats.add(live, **emission.counters, deferred=deferred, generated=count)
+    return state, emitted, stats
+
+  carry = (state, emitted, Stats.zeros(batch_size))
+  state, emitted, stats = jax.lax.while_loop(lambda c: jnp.any(~c[1].done), body, carry)
+  return finish(emitted, stats, max_new_tokens), state
 
 
 def emit(emitted: Emitted, block: Array, count: Array, *, max_new_tokens: int, eos_id: int | None,
@@ -146,12 +192,6 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
 def finish(emitted: Emitted, stats: Stats, max_new_tokens: int) -> Output:
   return Output(tokens=emitted.tokens[:, :max_new_tokens], lengths=emitted.n_generated, stats=stats,
                 failed=emitted.failed)
-
-
-def distributions(logits: Array, temperature: Array, top_p: Array, top_k: int) -> tuple[Array, Array]:
-  """(raw, transformed): softmax at temperature 1 (for deferral) and S(·) (for sampling/verifying)."""
-  return jax.nn.softmax(logits.astype(jnp.float32), axis=-1), sampling.transform(logits, temperature,
-                                                                                 top_p, top_k)
 
 
 def check_models(drafter: Model | None, verifier: Model) -> None:

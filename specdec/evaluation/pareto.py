@@ -27,17 +27,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 
+from specdec import decoding  # noqa: E402
 from specdec.evaluation.sweep import read_results  # noqa: E402
 
 Record = dict[str, Any]
-
-# Series order: Table 2's rows (baselines, old deferral rules, new ones), then the appendix variants.
-_ORDER = [("seq_cascade", None), ("token_cascade", "chow"), ("token_cascade", "chow_log"),
-          ("speculative", "spec"), ("speculative", "lossy"), ("speculative", "lossy_tuned"),
-          ("speculative", "bild"), ("bild", None)] + [
-              ("speculative", rule) for rule in ("chow", "chow_log", "diff", "diff_log", "opt", "opt_log",
-                                                 "token_v1", "token_v2", "token_v3")]
-
 
 def frontier(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
   """The Pareto-optimal (cost, quality) pairs, by increasing cost: those no other pair beats with cost ≤
@@ -67,20 +60,26 @@ def _model_name(identity: dict[str, Any]) -> str:
 
 
 def _series_names(records: list[Record]) -> list[str]:
-  """Family names, suffixed with γ and α_f where that family holds several values of them."""
-  symbols = {"gamma": "γ", "fallback_alpha": "α_f"}
+  """Family names, suffixed with a parameter's symbol and value (γ, α_f: `Param.symbol`) where that family
+  holds several values of it."""
+  symbols = {p.name: p.symbol for method in decoding.METHODS.values() for p in method.params if p.symbol}
   values: dict[tuple[str, str], set] = {}
   for r in records:
     for name in symbols:
-      values.setdefault((r["family"], name), set()).add(r["point"][name])
+      values.setdefault((r["family"], name), set()).add(r["point"].get(name))
   return [r["family"] + "".join(f" [{symbol}={r['point'][name]}]" for name, symbol in symbols.items()
                                 if len(values[r["family"], name]) > 1) for r in records]
 
 
-def _series_rank(named: tuple[str, Record]) -> tuple[int, str]:
+def _series_rank(named: tuple[str, Record]) -> tuple[float, str]:
+  """Table 2's row order (`Method.rank`), then the name."""
   name, record = named
-  method = (record["point"]["method"], record["point"]["rule"])
-  return (_ORDER.index(method) if method in _ORDER else len(_ORDER), name)
+  method = decoding.METHODS.get(record["point"]["method"])
+  if method is None:
+    return math.inf, name
+  stored = record["point"]
+  return method.rank({p.name: p.default if stored.get(p.name) is None else stored[p.name]
+                      for p in method.params}), name
 
 
 def group_records(records: Sequence[Record]) -> list[Group]:
@@ -93,8 +92,10 @@ def group_records(records: Sequence[Record]) -> list[Group]:
   groups = []
   for (context_hash, temperature, top_p), members in keys.items():
     context = members[0]["context"]
-    by_model = {r["point"]["model"]: r for r in members if r["point"]["model"] != "pair"}
-    pair = [r for r in members if r["point"]["model"] == "pair"]
+    # The models alone (autoregressive) are reference points; every other method is a series.
+    alone = lambda r: r["point"]["method"] == "autoregressive"
+    by_model = {r["point"]["model"]: r for r in members if alone(r)}
+    pair = [r for r in members if not alone(r)]
     series: dict[str, list[Record]] = {}
     for name, r in sorted(zip(_series_names(pair), pair), key=_series_rank):
       series.setdefault(name, []).append(r)

@@ -30,6 +30,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import itertools
 import json
 import os
 import pathlib
@@ -37,7 +38,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gin
@@ -45,7 +46,7 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec import checks, decoding, models, targets
+from specdec import checks, decoding, models
 from specdec.data import SPLITS, tasks
 from specdec.data.vocab import Vocabulary, load_vocabulary
 from specdec.decoding import common
@@ -55,15 +56,9 @@ from specdec.training import checkpoint
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# The parameters each method reads; the others are None in a canonical point (so equal runs hash equally).
-_USES = {
-    "autoregressive": (),
-    "speculative": ("rule", "alpha", "gamma"),
-    "token_cascade": ("rule", "alpha"),
-    "seq_cascade": ("alpha",),
-    "oracle_cascade": ("rule", "alpha"),
-    "bild": ("alpha", "gamma", "fallback_alpha"),
-}
+# Keys every stored point has, None where the method does not read them: results written before the method
+# registry (when these four were a point's only parameters) keep their hashes.
+_RECORD_KEYS = ("rule", "alpha", "gamma", "fallback_alpha")
 MODELS = ("pair", "drafter", "verifier")   # both models, or one of them decoding alone (autoregressive)
 
 
@@ -79,11 +74,12 @@ class ModelSource:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """One method of the comparison (one legend entry) and the values its trade-off parameters take.
+  """One method of the comparison (one legend entry) and the values its parameters take.
 
-  method: a `decoding.METHODS` name; rule: a `targets.RULES` name (speculative, token_cascade,
-  oracle_cascade); model: for autoregressive, 'verifier' (default: the large model alone) or 'drafter'.
-  gammas: None takes the experiment's. fallback_alphas: the original BiLD's α_f (App. F.5).
+  method: a `decoding.METHODS` name. Grids of its parameters (`Method.params`): `rule` (one value),
+  `alphas`, `gammas` (None takes the experiment's), `fallback_alphas` (the original BiLD's α_f), and
+  `params` {name: values} for any other parameter; a parameter the method does not read is ignored.
+  model: for autoregressive, 'verifier' (default: the large model alone) or 'drafter'.
   """
   name: str
   method: str
@@ -92,6 +88,7 @@ class Family:
   fallback_alphas: Sequence[float] = (0.5,)
   gammas: Sequence[int] | None = None
   model: str | None = None
+  params: Mapping[str, Sequence] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,26 +116,30 @@ class Experiment:
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-  """One grid point in canonical form: parameters its method does not read are None. `family` is the
+  """One grid point in canonical form: `params` holds the method's parameters that change its run, as
+  sorted (name, value) pairs; reading any other parameter name gives None (`point.alpha`). `family` is the
   legend label; it is stored but not hashed."""
   family: str
   method: str
   model: str
-  rule: str | None
-  alpha: float | None
-  gamma: int | None
   temperature: float
   top_p: float
-  fallback_alpha: float | None
+  params: tuple[tuple[str, Any], ...] = ()
+
+  def __getattr__(self, name: str) -> Any:
+    if name in decoding.methods.all_param_names() or name in _RECORD_KEYS:
+      return dict(self.params).get(name)
+    raise AttributeError(name)
 
   def config(self) -> dict[str, Any]:
     """What determines the run (everything but the label)."""
-    return {k: v for k, v in dataclasses.asdict(self).items() if k != "family"}
+    return {"method": self.method, "model": self.model, **dict.fromkeys(_RECORD_KEYS), **dict(self.params),
+            "temperature": self.temperature, "top_p": self.top_p}
 
   @property
   def is_baseline(self) -> bool:
     """The verifier decoding alone: the latency reference of its (temperature, top-P)."""
-    return self.model == "verifier"
+    return self.method == "autoregressive" and self.model == "verifier"
 
 
 # --- grid expansion and validation -------------------------------------------------------------------
@@ -181,68 +182,65 @@ def _check_experiment(experiment: Experiment) -> None:
   _values("experiment", "families", experiment.families)
 
 
-def _check_family(family: Family, gammas: list) -> None:
-  """The checks `decoding.generate` makes, on every value the family sweeps (App. F.1 ranges)."""
-  if family.method not in decoding.METHODS:
-    raise ValueError(f"unknown method {family.method!r}; choose one of {', '.join(decoding.METHODS)}")
-  if family.method == "autoregressive":
-    if family.model not in (None, "drafter", "verifier"):
-      raise ValueError(f"model must be 'drafter' or 'verifier' for autoregressive; got {family.model!r}")
-  elif family.model is not None:
-    raise ValueError(f"model applies to autoregressive only (one model alone); got {family.model!r} "
-                     f"for {family.method!r}")
-  targets.check_rule(family.rule)
-  if family.method == "token_cascade" and family.rule not in ("chow", "chow_log"):
-    raise ValueError(f"rule must be chow or chow_log for token_cascade (it defers on q alone); got "
-                     f"{family.rule!r}")
-  for alpha in _values(family.name, "alphas", family.alphas):
-    if family.method == "bild":
-      targets.check_alpha("bild", alpha)
-    elif family.method == "seq_cascade":
-      checks.check_range("alpha (seq_cascade)", alpha, 0.0, 1.0, hi_closed=False)
-    elif "alpha" in _USES[family.method]:
-      targets.check_alpha(family.rule, alpha)
-  for fallback_alpha in _values(family.name, "fallback_alphas", family.fallback_alphas):
-    checks.check_range("fallback_alpha", fallback_alpha, 0.0, 1.0)
-  for gamma in gammas:
-    checks.check_gamma(gamma)
+def _grids(family: Family, experiment: Experiment) -> dict[str, list]:
+  """The values each parameter takes in a family (`Family` fields and `params`)."""
+  gammas = experiment.gammas if family.gammas is None else family.gammas
+  grids = {"rule": [family.rule], "alpha": _values(family.name, "alphas", family.alphas),
+           "gamma": _values(family.name, "gammas", gammas),
+           "fallback_alpha": _values(family.name, "fallback_alphas", family.fallback_alphas)}
+  for name, values in dict(family.params).items():
+    grids[name] = _values(family.name, name, values)
+  return grids
 
 
 def _family_points(family: Family, experiment: Experiment) -> list[Point]:
-  gammas = _values(family.name, "gammas", experiment.gammas if family.gammas is None else family.gammas)
+  """The family's points, each checked by its method (`Method.resolve`: the ranges `generate` enforces)."""
   try:
-    _check_family(family, gammas)
+    method = decoding.methods.get(family.method)
+    if family.method == "autoregressive":
+      if family.model not in (None, "drafter", "verifier"):
+        raise ValueError(f"model must be 'drafter' or 'verifier' for autoregressive; got {family.model!r}")
+    elif family.model is not None:
+      raise ValueError(f"model applies to autoregressive only (one model alone); got {family.model!r} "
+                       f"for {family.method!r}")
+    grids = _grids(family, experiment)
+    names = [p.name for p in method.params]
+    points = []
+    for combination in itertools.product(*(grids.get(name, [p.default]) for name, p in
+                                           zip(names, method.params))):
+      params = method.resolve(dict(zip(names, combination)))
+      used = tuple(sorted((p.name, float(params[p.name]) if p.traced else params[p.name])
+                          for p in method.params if p.used(params)))
+      model = "pair" if method.drafter != "none" else (family.model or "verifier")
+      for temperature in experiment.temperatures:
+        for top_p in experiment.top_ps:
+          point = Point(family=family.name, method=family.method, model=model, temperature=float(temperature),
+                        top_p=float(top_p), params=used)
+          if point not in points:
+            points.append(point)
   except ValueError as e:
     raise ValueError(f"family {family.name!r}: {e}") from None
-  uses = _USES[family.method]
-  model = "pair" if family.method != "autoregressive" else (family.model or "verifier")
-  reads_alpha = "alpha" in uses and not (family.method == "speculative" and family.rule == "spec")
-  points = []
-  for temperature in experiment.temperatures:
-    for top_p in experiment.top_ps:
-      for gamma in gammas:
-        for alpha in family.alphas:
-          for fallback_alpha in family.fallback_alphas:
-            point = Point(family=family.name, method=family.method, model=model,
-                          rule=family.rule if "rule" in uses else None,
-                          alpha=float(alpha) if reads_alpha else None,
-                          gamma=int(gamma) if "gamma" in uses else None,
-                          temperature=float(temperature), top_p=float(top_p),
-                          fallback_alpha=float(fallback_alpha) if "fallback_alpha" in uses else None)
-            if point not in points:
-              points.append(point)
   return points
 
 
 def baseline_point(temperature: float, top_p: float) -> Point:
   """The verifier alone at (temperature, top-P): every grid holds it (the latency reference)."""
-  return Point(family="Large (verifier)", method="autoregressive", model="verifier", rule=None, alpha=None,
-               gamma=None, temperature=float(temperature), top_p=float(top_p), fallback_alpha=None)
+  return Point(family="Large (verifier)", method="autoregressive", model="verifier",
+               temperature=float(temperature), top_p=float(top_p))
+
+
+def _grid_order(point: Point) -> tuple:
+  """Baselines first, then grouped by compiled signature (model, method, static parameters)."""
+  method = decoding.methods.METHODS.get(point.method)
+  traced = {p.name for p in method.params if p.traced} if method else set()
+  static = [(name, str(value)) for name, value in point.params if name not in traced]
+  swept = [(name, value) for name, value in point.params if name in traced]
+  return (not point.is_baseline, point.model, point.method, static, point.temperature, point.top_p, swept)
 
 
 def expand_grid(experiment: Experiment) -> list[Point]:
   """Every point of the grid, validated, canonical and distinct, plus the verifier baselines; baselines
-  first, then grouped by compiled signature (model, method, rule, γ). Raises ValueError naming the family
+  first, then grouped by compiled signature (model, method, static parameters). Raises ValueError naming the family
   and parameter (with its allowed range) on the first bad value, before anything runs."""
   _check_experiment(experiment)
   owner: dict[tuple, str] = {}
@@ -260,8 +258,7 @@ def expand_grid(experiment: Experiment) -> list[Point]:
       baseline = baseline_point(temperature, top_p)
       if tuple(baseline.config().items()) not in owner:
         points.append(baseline)
-  return sorted(points, key=lambda p: (not p.is_baseline, p.model, p.method, p.rule or "", p.gamma or 0,
-                                       p.temperature, p.top_p, p.alpha or 0.0, p.fallback_alpha or 0.0))
+  return sorted(points, key=_grid_order)
 
 
 # --- models and examples -------------------------------------------------------------------------------
@@ -319,11 +316,12 @@ def load_workload(experiment: Experiment) -> Workload:
 
 
 def check_fits(points: Sequence[Point], workload: Workload) -> None:
-  """The checks `generate` makes on prompts and models (vocabulary, lengths, cache room for the largest γ),
-  once for the whole grid."""
+  """The checks `generate` makes on prompts and models (vocabulary, lengths, cache room for the largest
+  method slack), once for the whole grid."""
   common.check_models(workload.drafter, workload.verifier)
-  gamma = max(p.gamma or 1 for p in points)
-  cache_length = decoding.cache_length_for(workload.prompts.shape[1], workload.max_new_tokens, gamma)
+  slack = max(decoding.methods.get(p.method).slack(decoding.methods.get(p.method).resolve(dict(p.params)))
+              for p in points)
+  cache_length = decoding.cache_length_for(workload.prompts.shape[1], workload.max_new_tokens, slack)
   try:
     common.check_prompts(workload.prompts, workload.prompt_lengths, cache_length,
                          [workload.drafter, workload.verifier])
@@ -336,12 +334,10 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
 def _decode(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray) -> decoding.Output:
   drafter = workload.drafter if point.model == "pair" else None
   verifier = workload.drafter if point.model == "drafter" else workload.verifier
-  return decoding.generate(
-      key, drafter, verifier, workload.prompts[rows], workload.prompt_lengths[rows], method=point.method,
-      rule=point.rule or "spec", alpha=point.alpha or 0.0, gamma=point.gamma or 1,
-      temperature=point.temperature, top_p=point.top_p,
-      fallback_alpha=0.5 if point.fallback_alpha is None else point.fallback_alpha,
-      max_new_tokens=workload.max_new_tokens, eos_id=workload.vocab.eos_id)
+  return decoding.generate(key, drafter, verifier, workload.prompts[rows], workload.prompt_lengths[rows],
+                           method=point.method, temperature=point.temperature, top_p=point.top_p,
+                           max_new_tokens=workload.max_new_tokens, eos_id=workload.vocab.eos_id,
+                           **dict(point.params))
 
 
 def _batches(workload: Workload) -> list[np.ndarray]:

@@ -275,13 +275,14 @@ class Decoder(nn.Module):
     return jnp.stack(keys), jnp.stack(values)
 
   def __call__(self, y: Array, positions: Array, new_mask: Array, cache: tuple[Array, Array, Array] | None,
-               cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array]]:
+               cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array], Array]:
     """Logits of embedded tokens y [B, n, E] at decoder positions [B, n].
 
     new_mask [B, n, n]: which new tokens each new token attends to (itself included). cache: keys, values
     [layers, B, C, H, D] and lengths [B], or None; row b's slots < lengths[b] are visible to its new
     tokens. cross: keys, values [layers, B, L, H, D] and encoder_mask [B, L]. Returns logits [B, n, V]
-    (float32) and the new tokens' keys, values [layers, B, n, H, D].
+    (float32), the new tokens' keys, values [layers, B, n, H, D] and the last hidden states [B, n, E]
+    (after the final norm).
     """
     new = (self.relpos_bias(positions[:, None, :] - positions[:, :, None]), new_mask[:, None])
     if cache is not None:
@@ -296,8 +297,8 @@ class Decoder(nn.Module):
       y, key, value = layer(y, cached, new, (cross_keys[i], cross_values[i], None, encoder_mask[:, None, None, :]))
       new_keys.append(key)
       new_values.append(value)
-    logits = self.logits_dense(self.decoder_norm(y).astype(jnp.float32))
-    return logits, (jnp.stack(new_keys), jnp.stack(new_values))
+    hidden = self.decoder_norm(y)
+    return self.logits_dense(hidden.astype(jnp.float32)), (jnp.stack(new_keys), jnp.stack(new_values)), hidden
 
 
 def _causal(batch_size: int, n: int) -> Array:
@@ -320,7 +321,7 @@ class T5Network(nn.Module):
     return self.decoder.cross_keys_values(encoded)
 
   def decode(self, tokens: Array, positions: Array, new_mask: Array, cache: tuple[Array, Array, Array] | None,
-             cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array]]:
+             cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array], Array]:
     """`Decoder.__call__` on the embedded decoder tokens [B, n]."""
     return self.decoder(self.token_embedder(tokens).astype(self.config.dtype), positions, new_mask, cache, cross)
 
@@ -329,7 +330,7 @@ class T5Network(nn.Module):
     keys, values = self.encode(encoder_tokens, encoder_mask)
     b, n = decoder_tokens.shape
     positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-    logits, _ = self.decode(decoder_tokens, positions, _causal(b, n), None, (keys, values, encoder_mask))
+    logits, _, _ = self.decode(decoder_tokens, positions, _causal(b, n), None, (keys, values, encoder_mask))
     return logits
 
 
@@ -396,13 +397,15 @@ class T5:
             base.Cache(kv=kv, lengths=jnp.zeros((batch,), jnp.int32)))
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
-            tree_mask: Array | None = None) -> tuple[Array, base.Cache]:
+            tree_mask: Array | None = None, return_hidden: bool = False
+            ) -> tuple[Array, base.Cache] | tuple[Array, base.Cache, Array]:
     """Scores decoder tokens [B, n] after each row's cache; returns logits [B, n, V] and the advanced cache.
 
     As `TransformerLM.score`: token i of row b is written at slot lengths[b] + i and sees the row's
     slots < lengths[b] plus the new tokens j with tree_mask[b, i, j] (default causal); positions [B, n]
     (default lengths[b] + i) set the relative position biases; lengths advance by n. The cache must
-    have been prefilled (it holds the encoder input).
+    have been prefilled (it holds the encoder input). With `return_hidden` also returns the decoder's last
+    hidden states [B, n, E].
     """
     b, n = tokens.shape
     kv = cache.kv
@@ -412,13 +415,14 @@ class T5:
     slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)          # [B, n]
     positions = slots if positions is None else positions
     new_mask = _causal(b, n) if tree_mask is None else jnp.broadcast_to(tree_mask, (b, n, n))
-    logits, (new_keys, new_values) = T5Network(self.config).apply(
+    logits, (new_keys, new_values), hidden = T5Network(self.config).apply(
         {"params": self.params}, tokens, positions, new_mask, (keys, values, cache.lengths),
         (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]), method=T5Network.decode)
     rows = jnp.arange(b)[:, None]
     keys = keys.at[:, rows, slots].set(new_keys.astype(keys.dtype), mode="drop")
     values = values.at[:, rows, slots].set(new_values.astype(values.dtype), mode="drop")
-    return logits, base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + n)
+    cache = base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + n)
+    return (logits, cache, hidden) if return_hidden else (logits, cache)
 
 
 def _encoder_mask(encoder_tokens: Array, encoder_lengths: Array | None) -> Array:

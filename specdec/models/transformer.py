@@ -80,7 +80,7 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x: Array, new_mask: Array, cached: tuple[Array, Array, Array] | None
                ) -> tuple[Array, Array, Array]:
-    """x [B, n, E]; new_mask [B, n, n]: query i sees new key j; cached: keys, values [B, C, H, D] and
+    """x [B, n, E]; new_mask [B, n, n]: query i sees new key j; cached: keys, values [B, H, C, D] and
     visible [B, C], or None. Returns out [B, n, E] and the new tokens' keys, values [B, n, H, D]."""
     cfg = self.config
     project = functools.partial(nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), use_bias=False,
@@ -92,8 +92,8 @@ class SelfAttention(nn.Module):
     mask = new_mask[:, None]
     if cached is not None:
       cached_keys, cached_values, visible = cached
-      scores = jnp.concatenate([jnp.einsum("bqhd,bkhd->bhqk", query, cached_keys), scores], axis=-1)
-      b, n, c = x.shape[0], x.shape[1], cached_keys.shape[1]
+      scores = jnp.concatenate([jnp.einsum("bqhd,bhkd->bhqk", query, cached_keys), scores], axis=-1)
+      b, n, c = x.shape[0], x.shape[1], cached_keys.shape[2]
       mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, None, :], (b, 1, n, c)), mask], axis=-1)
     # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
     scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
@@ -102,7 +102,7 @@ class SelfAttention(nn.Module):
       out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
     else:
       # Two products instead of concatenating values: no copy of the cache per layer.
-      out = (jnp.einsum("bhqk,bkhd->bqhd", weights[..., :c], cached_values)
+      out = (jnp.einsum("bhqk,bhkd->bqhd", weights[..., :c], cached_values)
              + jnp.einsum("bhqk,bkhd->bqhd", weights[..., c:], value))
     out = nn.DenseGeneral(features=cfg.emb_dim, axis=(-2, -1), use_bias=False, kernel_init=_KERNEL_INIT,
                           dtype=cfg.dtype, name="out")(out)
@@ -140,20 +140,21 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array, new_mask: Array,
-               cache: tuple[Array, Array, Array] | None = None) -> tuple[Array, tuple[Array, Array]]:
+               cache: tuple[Array, Array, Array] | None = None) -> tuple[Array, tuple[Array, Array], Array]:
     """Logits of tokens [B, n] at position ids [B, n].
 
     new_mask [B, n, n]: which new tokens each new token attends to (itself included). cache: keys,
-    values [layers, B, C, H, D] and lengths [B]; row b's slots < lengths[b] are visible to all its
-    new tokens. Returns logits [B, n, V] (float32) and the new tokens' keys, values
-    [layers, B, n, H, D] (the caller writes them to the cache).
+    values [layers, B, H, C, D] and lengths [B]; row b's slots < lengths[b] are visible to all its
+    new tokens. Returns logits [B, n, V] (float32), the new tokens' keys, values
+    [layers, B, n, H, D] (the caller writes them to the cache) and the last hidden states [B, n, E]
+    (after the final LayerNorm: what the output projection reads).
     """
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=nn.initializers.normal(stddev=1.0), name="embed")
     y = (embed(tokens) + sinusoidal_embedding(positions, cfg.emb_dim)).astype(cfg.dtype)
     if cache is not None:
       keys, values, lengths = cache
-      visible = jnp.arange(keys.shape[2])[None, :] < lengths[:, None]        # [B, C]
+      visible = jnp.arange(keys.shape[3])[None, :] < lengths[:, None]        # [B, C]
     new_keys, new_values = [], []
     for layer in range(cfg.num_layers):
       cached = None if cache is None else (keys[layer], values[layer], visible)
@@ -163,7 +164,7 @@ class Transformer(nn.Module):
     y = nn.LayerNorm(dtype=cfg.dtype, name="final_norm")(y)
     # lm1b's normalisation of logits through the shared embedding.
     logits = embed.attend(y.astype(jnp.float32)) / np.sqrt(cfg.emb_dim)
-    return logits, (jnp.stack(new_keys), jnp.stack(new_values))
+    return logits, (jnp.stack(new_keys), jnp.stack(new_values)), y
 
 
 def _causal(batch_size: int, n: int) -> Array:
@@ -191,40 +192,48 @@ class TransformerLM:
     """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1."""
     b, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-    logits, _ = Transformer(self.config).apply({"params": self.params}, tokens, positions, _causal(b, length))
+    logits, _, _ = Transformer(self.config).apply({"params": self.params}, tokens, positions, _causal(b, length))
     return logits
 
   def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
-    """An empty cache: keys, values [layers, B, cache_length, heads, head_dim], lengths [B] = 0."""
+    """An empty cache: keys, values [layers, B, heads, cache_length, head_dim], lengths [B] = 0.
+
+    Head-major, so attention reads each head's keys contiguously: with [.., C, H, D] XLA:CPU transposed the
+    whole cache in every layer of every call (a decode step of the 15m at 300 cached slots took 1.7× the
+    step at 32 slots)."""
     cfg = self.config
     if not 1 <= cache_length <= cfg.max_len:
       raise ValueError(f"cache_length must lie in [1, max_length={cfg.max_len}]; got {cache_length}")
-    zeros = jnp.zeros((cfg.num_layers, batch_size, cache_length, cfg.num_heads, cfg.head_dim), cfg.dtype)
+    zeros = jnp.zeros((cfg.num_layers, batch_size, cfg.num_heads, cache_length, cfg.head_dim), cfg.dtype)
     return base.Cache(kv={"keys": zeros, "values": zeros}, lengths=jnp.zeros((batch_size,), jnp.int32))
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
-            tree_mask: Array | None = None) -> tuple[Array, base.Cache]:
+            tree_mask: Array | None = None, return_hidden: bool = False
+            ) -> tuple[Array, base.Cache] | tuple[Array, base.Cache, Array]:
     """Scores tokens [B, n] after each row's cache; returns logits [B, n, V] and the advanced cache.
 
     Token i of row b is written at slot lengths[b] + i and sees the row's slots < lengths[b] plus the
     new tokens j with tree_mask[b, i, j] (default causal: j ≤ i; a tree mask must include i itself).
     positions [B, n] are the position ids (default lengths[b] + i; a token tree gives siblings the
     same id). lengths advance by n. The caller keeps lengths + n ≤ cache_length: slots beyond are
-    dropped (this call's logits stay right, later calls would not see those tokens).
+    dropped (this call's logits stay right, later calls would not see those tokens). With
+    `return_hidden` also returns the last hidden states [B, n, E] (SpecDec++'s acceptance head reads them).
     """
     b, n = tokens.shape
     keys, values = cache.kv["keys"], cache.kv["values"]
-    if n > keys.shape[2]:
-      raise ValueError(f"cannot score {n} tokens with a cache of length {keys.shape[2]}")
+    if n > keys.shape[3]:
+      raise ValueError(f"cannot score {n} tokens with a cache of length {keys.shape[3]}")
     slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)          # [B, n]
     positions = slots if positions is None else positions
     new_mask = _causal(b, n) if tree_mask is None else jnp.broadcast_to(tree_mask, (b, n, n))
-    logits, (new_keys, new_values) = Transformer(self.config).apply(
+    logits, (new_keys, new_values), hidden = Transformer(self.config).apply(
         {"params": self.params}, tokens, positions, new_mask, (keys, values, cache.lengths))
     rows = jnp.arange(b)[:, None]
-    keys = keys.at[:, rows, slots].set(new_keys.astype(keys.dtype), mode="drop")
-    values = values.at[:, rows, slots].set(new_values.astype(values.dtype), mode="drop")
-    return logits, base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
+    # keys[:, rows, :, slots] is [B, n, layers, H, D] (numpy puts the broadcast index dimensions first).
+    keys = keys.at[:, rows, :, slots].set(new_keys.transpose(1, 2, 0, 3, 4).astype(keys.dtype), mode="drop")
+    values = values.at[:, rows, :, slots].set(new_values.transpose(1, 2, 0, 3, 4).astype(values.dtype), mode="drop")
+    cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
+    return (logits, cache, hidden) if return_hidden else (logits, cache)
 
 
 def init(config: TransformerConfig, key: Array) -> TransformerLM:

@@ -4,18 +4,23 @@
   state, metrics = train_step(state, batch, model)      # batch: 'inputs' [B, L], 'weights' [B, L]
   evaluate(model, state.params, batches)                 # loss, accuracy, perplexity
   train_and_evaluate(model_dir=..., preset='6m', ...)    # the loop; resumes from model_dir
+  distill_step(state, batch, drafter, verifier)          # token-level distillation (KL or TV to the verifier)
+  distill.write(directory, verifier, task, split, n)     # sequence-level distillation data
   save_params(path, model); load_model(path)             # export / import a trained model (export_name: its label)
+  load_hf_t5(directory); load_t5x(path, config)          # T5 checkpoints: Hugging Face safetensors, T5X
 
 The weighted-loss convention (weights[:, t] marks token t as a target) is in `train`'s docstring.
 """
 
 from specdec.training.checkpoint import (CheckpointError, Checkpointer, Restored, export_name, load_model,
                                          model_spec, restore_latest, save_params)
-from specdec.training.train import (Batch, DataSource, MarkovChain, TrainState, cast_params, eval_step, evaluate,
-                                    learning_rate_schedule, make_optimizer, markov_batches, train_and_evaluate,
-                                    train_step)
+from specdec.training import distill
+from specdec.training.convert import load_hf_t5, load_t5x
+from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovChain, TrainState, cast_params,
+                                    distill_eval_step, distill_step, eval_step, evaluate, learning_rate_schedule,
+                                    make_optimizer, markov_batches, train_and_evaluate, train_step)
 
-__all__ = ["Batch", "CheckpointError", "Checkpointer", "DataSource", "MarkovChain", "Restored", "TrainState",
-           "cast_params", "eval_step", "evaluate", "export_name", "learning_rate_schedule", "load_model",
-           "make_optimizer", "markov_batches", "model_spec", "restore_latest", "save_params", "train_and_evaluate",
-           "train_step"]
+__all__ = ["DISTILL_LOSSES", "Batch", "CheckpointError", "Checkpointer", "DataSource", "MarkovChain", "Restored",
+           "TrainState", "cast_params", "distill", "distill_eval_step", "distill_step", "eval_step", "evaluate",
+           "export_name", "learning_rate_schedule", "load_hf_t5", "load_model", "load_t5x", "make_optimizer",
+           "markov_batches", "model_spec", "restore_latest", "save_params", "train_and_evaluate", "train_step"]

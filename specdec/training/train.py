@@ -169,39 +169,104 @@ def eval_step(params: Any, batch: Batch, model: Any) -> dict[str, Array]:
   return _weighted_sums(_logits(model, params, batch), batch, 0.0)
 
 
+def _apply_gradients(state: TrainState, grads: Any, sums: dict[str, Array]) -> tuple[TrainState, dict[str, Array]]:
+  """The optimizer update, and per-token means of `sums` (every key but 'tokens') with the gradient norm."""
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                        opt_state=opt_state)
+  metrics = {name: _per_token(total, sums["tokens"]) for name, total in sums.items() if name != "tokens"}
+  return state, {**metrics, "tokens": sums["tokens"], "grad_norm": optax.global_norm(grads)}
+
+
 # Donating the state lets XLA update parameters and optimizer moments in place.
 @functools.partial(jax.jit, donate_argnums=0)
 def train_step(state: TrainState, batch: Batch, model: Any, label_smoothing: float | Array = 0.0
                ) -> tuple[TrainState, dict[str, Array]]:
   """One optimizer step on the weighted next-token loss (module docstring). `model` supplies the
   architecture; its own parameters are not used. The input state is donated (invalid afterwards).
-  Returns the new state and metrics: per-token 'loss', 'accuracy', target 'tokens', 'grad_norm'."""
+  Returns the new state and metrics: per-token 'loss', 'accuracy' ('correct' summed), target 'tokens',
+  'grad_norm'."""
   def loss_fn(params):
     sums = _weighted_sums(_logits(model, params, batch), batch, label_smoothing)
     return _per_token(sums["loss"], sums["tokens"]), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-  state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                        opt_state=opt_state)
-  metrics = {"loss": _per_token(sums["loss"], sums["tokens"]),
-             "accuracy": _per_token(sums["correct"], sums["tokens"]),
-             "tokens": sums["tokens"], "grad_norm": optax.global_norm(grads)}
+  state, metrics = _apply_gradients(state, grads, sums)
+  metrics["accuracy"] = metrics.pop("correct")
   return state, metrics
 
 
-def evaluate(model: Any, params: Any, batches: Iterable[Batch]) -> dict[str, float]:
+DISTILL_LOSSES = ("kl", "tv")
+
+
+def _distill_sums(logits: Array, teacher_logits: Array, batch: Batch, loss: str) -> dict[str, Array]:
+  """Token-level distillation of a drafter q on a verifier p (DistillSpec), weighted sums over the targets.
+
+  'loss' is `loss` per target position: forward KL(p ‖ q) = Σ p (log p − log q), or the total variation
+  TV(p, q) = ½ Σ |p − q| = 1 − Σ min(p, q), one minus the probability that speculative sampling at
+  temperature 1 accepts q's draft (Leviathan et al., Thm 3.5), so it bounds acceptance directly.
+  Also summed whatever the loss: 'kl', 'acceptance' (Σ min(p, q)), 'agreement' (argmax q = argmax p: a
+  greedy draft accepted), 'correct' (argmax q = the data's token), 'tokens'.
+  """
+  if loss not in DISTILL_LOSSES:
+    raise ValueError(f"distill loss must be one of {DISTILL_LOSSES}; got {loss!r}")
+  log_q = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
+  log_p = jax.lax.stop_gradient(jax.nn.log_softmax(teacher_logits[:, :-1].astype(jnp.float32)))
+  p, q = jnp.exp(log_p), jnp.exp(log_q)
+  weights = jnp.asarray(batch["weights"], jnp.float32)[:, 1:]
+  kl = jnp.sum(p * (log_p - log_q), axis=-1)
+  acceptance = jnp.sum(jnp.minimum(p, q), axis=-1)
+  agreement = jnp.argmax(log_q, axis=-1) == jnp.argmax(log_p, axis=-1)
+  correct = jnp.argmax(log_q, axis=-1) == batch["inputs"][:, 1:]
+  per_position = kl if loss == "kl" else 1.0 - acceptance
+  weighted = lambda x: jnp.sum(weights * x)
+  return {"loss": weighted(per_position), "kl": weighted(kl), "acceptance": weighted(acceptance),
+          "agreement": weighted(agreement), "correct": weighted(correct), "tokens": jnp.sum(weights)}
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnames="loss")
+def distill_step(state: TrainState, batch: Batch, model: Any, teacher: Any, loss: str = "kl"
+                 ) -> tuple[TrainState, dict[str, Array]]:
+  """One optimizer step of the student `model` (parameters in `state`) towards the frozen `teacher`'s
+  next-token distributions on the batch's target positions (`_distill_sums`; `loss` 'kl' or 'tv').
+  The state is donated. Metrics: per-token 'loss', 'kl', 'acceptance', 'agreement', 'correct', 'tokens',
+  'grad_norm'."""
+  teacher_logits = _logits(teacher, teacher.params, batch)
+
+  def loss_fn(params):
+    sums = _distill_sums(_logits(model, params, batch), teacher_logits, batch, loss)
+    return _per_token(sums["loss"], sums["tokens"]), sums
+
+  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+  return _apply_gradients(state, grads, sums)
+
+
+@functools.partial(jax.jit, static_argnames="loss")
+def distill_eval_step(params: Any, batch: Batch, model: Any, teacher: Any, loss: str = "kl") -> dict[str, Array]:
+  """`_distill_sums` of one batch plus the plain cross-entropy sum 'ce' of the student."""
+  logits = _logits(model, params, batch)
+  sums = _distill_sums(logits, _logits(teacher, teacher.params, batch), batch, loss)
+  return {**sums, "ce": _weighted_sums(logits, batch, 0.0)["loss"]}
+
+
+def evaluate(model: Any, params: Any, batches: Iterable[Batch], *, teacher: Any = None) -> dict[str, float]:
   """Per-token cross-entropy 'loss', 'accuracy' and 'perplexity' = exp(loss) over all target tokens of
-  `batches` (weighted as in training), and their number 'tokens'."""
-  totals = {"loss": 0.0, "correct": 0.0, "tokens": 0.0}
+  `batches` (weighted as in training), and their number 'tokens'. With a `teacher` (a distillation run),
+  also the per-token 'kl' = KL(p_teacher ‖ q), 'acceptance' = Σ min(p, q) and greedy 'agreement'
+  (`_distill_sums`)."""
+  totals: dict[str, float] = {}
   for batch in batches:
-    for name, value in jax.device_get(eval_step(params, batch, model)).items():
-      totals[name] += float(value)
-  if totals["tokens"] <= 0:
+    sums = eval_step(params, batch, model) if teacher is None else distill_eval_step(params, batch, model, teacher)
+    for name, value in jax.device_get(sums).items():
+      totals[name] = totals.get(name, 0.0) + float(value)
+  if totals.get("tokens", 0.0) <= 0:
     raise ValueError("evaluate: the batches hold no target tokens (all weights are 0)")
-  loss = totals["loss"] / totals["tokens"]
-  return {"loss": loss, "accuracy": totals["correct"] / totals["tokens"], "perplexity": float(np.exp(loss)),
-          "tokens": totals["tokens"]}
+  tokens = totals.pop("tokens")
+  if teacher is not None:
+    totals["loss"] = totals.pop("ce")
+  result = {name: total / tokens for name, total in totals.items()}
+  result["accuracy"] = result.pop("correct")
+  return {**result, "perplexity": float(np.exp(result["loss"])), "tokens": tokens}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +346,8 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
                        batch_size: int = 8, seq_len: int = 32, num_steps: int = 300,
                        optimizer: Callable[..., optax.GradientTransformation] = make_optimizer,
                        label_smoothing: float = 0.0, log_every: int = 50, eval_every: int = 100,
-                       eval_batches: int = 4, save_every: int = 100, keep_checkpoints: int = 3
+                       eval_batches: int = 4, save_every: int = 100, keep_checkpoints: int = 3,
+                       init_from: str | None = None, teacher: str | None = None, distill_loss: str = "kl"
                        ) -> tuple[TrainState, dict[str, float]]:
   """Trains `models.build(preset, …)` for `num_steps` steps, resuming from `model_dir`'s latest checkpoint.
 
@@ -290,14 +356,27 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
   `eval_batches` validation batches. With a `model_dir`, a checkpoint (state, data offset, model and data
   description) every `save_every` steps and at the end, the last `keep_checkpoints` kept; a checkpoint
   of another model, optimizer or batch shape there raises `checkpoint.CheckpointError`.
+  `init_from`: an exported model directory (`save_params`) of the same preset to start from instead of a
+  random initialisation. `teacher`: an exported model directory; the run then distils it into the model
+  (`distill_step` with `distill_loss`, label_smoothing unused) and reports acceptance and agreement.
   Returns the final state and evaluation metrics.
   """
   if seq_len > max_length:
     raise ValueError(f"seq_len ({seq_len}) exceeds the model's max_length ({max_length})")
   model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
-  state = TrainState.create(model.params, optimizer(total_steps=num_steps))
+  if init_from is not None:
+    model = models.with_params(model, checkpoint.load_model(init_from).params)
   metadata = {"model": checkpoint.model_spec(model, preset),
               "data": {"batch_size": batch_size, "seq_len": seq_len}}
+  teacher_model = None
+  if teacher is not None:
+    if distill_loss not in DISTILL_LOSSES:
+      raise ValueError(f"distill_loss must be one of {DISTILL_LOSSES}; got {distill_loss!r}")
+    teacher_model = checkpoint.load_model(teacher)
+    if teacher_model.vocab_size != vocab_size:
+      raise ValueError(f"teacher {teacher} has vocab_size {teacher_model.vocab_size}; the student has {vocab_size}")
+    metadata["distill"] = {"teacher": checkpoint.model_spec(teacher_model), "loss": distill_loss}
+  state = TrainState.create(model.params, optimizer(total_steps=num_steps))
   data_offset, checkpoints = 0, None
   if model_dir is not None:
     restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
@@ -309,30 +388,36 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
 
   def run_eval(step: int) -> dict[str, float]:
     batches = data_source("validation", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size, start=0)
-    result = evaluate(model, state.params, itertools.islice(batches, eval_batches))
+    result = evaluate(model, state.params, itertools.islice(batches, eval_batches), teacher=teacher_model)
+    distilled = "".join(f" | {name} {result[name]:.4f}" for name in ("kl", "acceptance", "agreement") if name in result)
     print(f"eval step {step}: loss {result['loss']:.4f} | acc {result['accuracy']:.4f} | "
-          f"ppl {result['perplexity']:.3f}", flush=True)
+          f"ppl {result['perplexity']:.3f}{distilled}", flush=True)
     return result
 
   step = first_step = int(state.step)
   batches = data_source("train", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size, start=data_offset)
-  window, window_start, window_first = [], time.perf_counter(), first_step
+  window, window_start, window_first, positions = [], time.perf_counter(), first_step, 0
   try:
     for step in range(first_step + 1, num_steps + 1):
-      state, metrics = train_step(state, next(batches), model, label_smoothing)
+      batch = next(batches)
+      if teacher_model is None:
+        state, metrics = train_step(state, batch, model, label_smoothing)
+      else:
+        state, metrics = distill_step(state, batch, model, teacher_model, distill_loss)
       data_offset += 1
+      positions += batch["inputs"].size   # a length-bucketed source cuts rows to less than seq_len
       window.append(metrics)
       if step % log_every == 0 or step == num_steps:
         # Metrics stay on the device until a log line: no host round trip per step.
         window = jax.device_get(window)
         elapsed, done = time.perf_counter() - window_start, step - window_first
         tokens = sum(m["tokens"] for m in window)
-        loss = sum(m["loss"] * m["tokens"] for m in window) / max(tokens, 1e-9)
-        accuracy = sum(m["accuracy"] * m["tokens"] for m in window) / max(tokens, 1e-9)
-        print(f"step {step}/{num_steps} | loss {loss:.4f} | acc {accuracy:.4f} | "
-              f"{done * batch_size * seq_len / elapsed:,.0f} tok/s | "
+        mean = lambda name: sum(m[name] * m["tokens"] for m in window) / max(tokens, 1e-9)
+        shown = ["loss", "accuracy"] if teacher_model is None else ["loss", "kl", "acceptance", "agreement"]
+        print(f"step {step}/{num_steps} | " + " | ".join(f"{name} {mean(name):.4f}" for name in shown) +
+              f" | {positions / elapsed:,.0f} tok/s | "
               f"ETA {_duration(elapsed / done * (num_steps - step))}", flush=True)
-        window, window_start, window_first = [], time.perf_counter(), step
+        window, window_start, window_first, positions = [], time.perf_counter(), step, 0
       if eval_every and step % eval_every == 0 and step != num_steps:
         run_eval(step)
       if checkpoints is not None:

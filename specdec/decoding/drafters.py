@@ -1,0 +1,132 @@
+"""Drafters: what proposes the tokens a verifier checks (layer 3).
+
+A drafter keeps its own state (a model's KV cache, a statistical drafter's history) and answers three
+calls. Every lossless method keeps the verifier's law whatever the drafter proposes: only the verifier's
+acceptance test decides what is emitted, so a new way to draft is a new `Drafter`, not a new loop.
+
+  state, last = drafter.start(prompts [B, L], prompt_lengths [B], cache_length)
+  draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None)
+  state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
+
+`ModelDrafter` wraps any `models.base.Model` (the default: `generate` wraps a model it is given).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec import sampling as sampling_lib
+from specdec.models.base import Cache, Model, prefill, rollback
+
+Array = jax.Array
+
+
+@struct.dataclass
+class Draft:
+  """A block of drafts [B, γ] with the drafter's distributions at the γ+1 positions [B, γ+1, V] (q at
+  the bonus position γ is what cascade targets T(q, p) need there), the number of drafts each row made
+  [B], the drafter calls each row needed [B], and the drafter's state after drafting."""
+  tokens: Array
+  q: Array
+  q_raw: Array
+  n_drafted: Array
+  calls: Array
+  state: Any
+
+
+class Drafter(Protocol):
+  """What speculative methods need from whatever proposes drafts (module docstring)."""
+
+  @property
+  def vocab_size(self) -> int: ...
+
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Any, Array]:
+    """The state after reading the prompts, and each row's last prompt token [B] (not yet consumed)."""
+    ...
+
+  def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
+              keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
+    """Up to `max_drafts` drafts after `last` [B]; `keep_drafting(q_raw_j) -> [B]` may stop rows early."""
+    ...
+
+  def rollback(self, state: Any, lengths: Array) -> Any:
+    """The state holding only the first lengths[b] committed positions of each row."""
+    ...
+
+
+@struct.dataclass
+class _DraftCarry:
+  step: Array                 # [] drafter calls made so far in this block
+  cache: Cache
+  token: Array                # [B] the token the next call scores
+  tokens: Array               # [B, γ] drafts
+  q: Array                    # [B, γ+1, V] S(q_j)
+  q_raw: Array                # [B, γ+1, V] q_j at temperature 1
+  drafting: Array             # [B] the row is still drafting
+  n_drafted: Array            # [B]
+
+
+@struct.dataclass
+class ModelDrafter:
+  """A model drafting one token per call, x_{j+1} ~ S(q_j) (its KV cache is the drafter state)."""
+  model: Model
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  @property
+  def max_length(self) -> int:
+    return self.model.max_length
+
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Cache, Array]:
+    last, cache = prefill(self.model, self.model.init_cache(prompts.shape[0], cache_length), prompts,
+                          prompt_lengths)
+    return cache, last
+
+  def rollback(self, state: Cache, lengths: Array) -> Cache:
+    return rollback(state, lengths)
+
+  def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
+              keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
+    """Scores `last` then each new draft, up to `max_drafts` drafts. A row that stops (keep_drafting
+    False, BiLD's fallback) drafts no more, and the loop ends when every row has stopped, so at batch size
+    1 no call is wasted. A row makes n_drafted + 1 calls: the last one scores its final draft."""
+    batch, vocab = last.shape[0], self.model.vocab_size
+    keys = jax.random.split(key, max_drafts + 1)
+
+    def cond(c: _DraftCarry) -> Array:
+      return (c.step <= max_drafts) & jnp.any(c.drafting)
+
+    def body(c: _DraftCarry) -> _DraftCarry:
+      logits, cache = self.model.score(c.cache, c.token[:, None])
+      q_raw_j, q_j = sampling.distributions(logits[:, 0])
+      keep = c.drafting[:, None]
+      q = c.q.at[:, c.step].set(jnp.where(keep, q_j, c.q[:, c.step]))
+      q_raw = c.q_raw.at[:, c.step].set(jnp.where(keep, q_raw_j, c.q_raw[:, c.step]))
+      go_on = c.drafting & (c.step < max_drafts)
+      if keep_drafting is not None:
+        go_on &= keep_drafting(q_raw_j)
+      x = sampling_lib.sample(keys[c.step], q_j)
+      slot = jnp.minimum(c.step, max_drafts - 1)
+      tokens = c.tokens.at[:, slot].set(jnp.where(go_on, x, c.tokens[:, slot]))
+      # Rows that stopped keep being scored (static batch) but the rollback after verification resets them.
+      return _DraftCarry(step=c.step + 1, cache=cache, token=jnp.where(go_on, x, c.token), tokens=tokens,
+                         q=q, q_raw=q_raw, drafting=go_on, n_drafted=c.n_drafted + go_on)
+
+    zeros = jnp.zeros((batch, max_drafts + 1, vocab), jnp.float32)
+    start = _DraftCarry(step=jnp.int32(0), cache=state, token=last,
+                        tokens=jnp.zeros((batch, max_drafts), jnp.int32), q=zeros, q_raw=zeros,
+                        drafting=jnp.ones((batch,), bool), n_drafted=jnp.zeros((batch,), jnp.int32))
+    end = jax.lax.while_loop(cond, body, start)
+    return Draft(tokens=end.tokens, q=end.q, q_raw=end.q_raw, n_drafted=end.n_drafted, calls=end.n_drafted + 1,
+                 state=end.cache)
+
+
+def as_drafter(drafter: Model | Drafter) -> Drafter:
+  """A `Drafter` as is; a model wrapped in a `ModelDrafter`."""
+  return drafter if hasattr(drafter, "propose") else ModelDrafter(drafter)
