@@ -1,7 +1,7 @@
 """Wall-clock of speculative decoding against autoregressive decoding, and the theory's prediction.
 
 Trained pair (`--task`): drafter and verifier exports (`--drafter`, `--verifier` directories; several
-drafters may be given and are compared in the same run), prompts from the task's validation split (each at its own
+drafters may be given and are compared in the same run; `maxgram` is CS Drafting's Max-Gram drafter), prompts from the task's validation split (each at its own
 length, rounded up to 32), batch size 1, each example decoded by the verifier alone and then by each drafter's speculative decoding, so
 every ratio comes from timings interleaved example by example. Greedy and/or sampled (`--temperatures`).
 Reports per γ: acceptance (accepted / drafted), tokens per verifier call, ms per generated token, the
@@ -71,8 +71,16 @@ def _acceptance_for(tokens_per_block: float, gamma: int) -> float:
 def trained_pairs(args: argparse.Namespace) -> None:
   """Speculative decoding with each trained drafter against the trained verifier alone, interleaved."""
   verifier = load_model(args.verifier)
-  drafters = {export_name(path): load_model(path) for path in args.drafter}
   split = tasks.tokenized(args.task, "validation", source=args.source)
+  drafters = {}
+  for path in args.drafter:
+    if path == "maxgram":   # CS Drafting's statistical drafter, its bigram fallback from the task's training rows
+      train = tasks.tokenized(args.task, "train", source=args.source)
+      drafters["maxgram"] = decoding.MaxGram(vocab_size=verifier.vocab_size, max_match=args.max_match,
+                                             bigram=decoding.bigram_table(train.tokens, train.lengths,
+                                                                          verifier.vocab_size))
+    else:
+      drafters[export_name(path)] = load_model(path)
   rows = np.sort(np.random.default_rng(args.seed).permutation(len(split))[:args.examples])
   prompts, lengths = split.prompts(rows)
   max_new = args.tokens or tasks.get_task(args.task).max_target_tokens
@@ -84,6 +92,9 @@ def trained_pairs(args: argparse.Namespace) -> None:
         f"({models.count_params(verifier):,} params)")
   t1 = _score_seconds(verifier, 1, int(lengths.mean()), 50)
   for name, drafter in drafters.items():
+    if not hasattr(drafter, "score"):
+      print(f"drafter {name}: no model calls")
+      continue
     c = _score_seconds(drafter, 1, int(lengths.mean()), 50) / t1
     print(f"drafter {name}: {models.count_params(drafter):,} params, c = {c:.3f} (one scored token each)")
   for gamma in args.gamma:
@@ -178,7 +189,9 @@ def random_pair(args: argparse.Namespace) -> None:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--drafter", nargs="+", default=["6m"], help="presets, or export directories with --task")
+  parser.add_argument("--drafter", nargs="+", default=["6m"],
+                      help="presets, or with --task export directories and/or 'maxgram' (decoding.MaxGram)")
+  parser.add_argument("--max_match", type=int, default=8, help="MaxGram's longest suffix match")
   parser.add_argument("--verifier", default="97m", help="a preset, or an export directory with --task")
   parser.add_argument("--task", help="a local task: trained exports on its validation prompts")
   parser.add_argument("--source", default="auto", help="the task's data (specdec.data.load)")

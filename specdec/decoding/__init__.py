@@ -19,7 +19,7 @@ import numpy as np
 from specdec import checks
 from specdec.decoding import common, methods
 from specdec.decoding.common import Output, Stats
-from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, as_drafter
+from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_drafter, bigram_table
 from specdec.decoding.methods import METHODS, Method, Param, register
 from specdec.models import base
 from specdec.models.base import Model
@@ -31,8 +31,8 @@ Array = jax.Array
 # generation stops there unless `generate` is told otherwise (eos_id=None decodes max_new_tokens always).
 DEFAULT_EOS_ID = 1
 
-__all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "METHODS", "Method", "ModelDrafter", "Output", "Param", "Sampling", "Stats",
-           "generate", "register"]
+__all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "METHODS", "MaxGram", "Method", "ModelDrafter", "Output", "Param",
+           "Sampling", "Stats", "bigram_table", "generate", "register"]
 
 
 def _int(name: str, value: Any, lo: int) -> int:

@@ -8,7 +8,8 @@ acceptance test decides what is emitted, so a new way to draft is a new `Drafter
   draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None)
   state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
 
-`ModelDrafter` wraps any `models.base.Model` (the default: `generate` wraps a model it is given).
+`ModelDrafter` wraps any `models.base.Model` (the default: `generate` wraps a model it is given);
+`MaxGram` is CS Drafting's statistical drafter (no model calls).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specdec import sampling as sampling_lib
@@ -130,3 +132,95 @@ class ModelDrafter:
 def as_drafter(drafter: Model | Drafter) -> Drafter:
   """A `Drafter` as is; a model wrapped in a `ModelDrafter`."""
   return drafter if hasattr(drafter, "propose") else ModelDrafter(drafter)
+
+
+@struct.dataclass
+class MaxGramState:
+  """history [B, H]: each row's committed tokens (slots < length), then the pending token and the last
+  block's drafts; length [B]."""
+  history: Array
+  length: Array
+
+
+@struct.dataclass
+class MaxGram:
+  """CS Drafting's Max-Gram drafter: continues the longest match of the current suffix found earlier in
+  the row's own prompt and output (copying is frequent: a synopsis reuses words of its description, a
+  translation keeps package names, paths and code). A deterministic drafter: q is one-hot on its proposal,
+  so speculative sampling with it keeps the verifier's law exactly. No model calls.
+
+  Suffixes of `min_match` … `max_match` tokens are matched (the longest wins, the latest occurrence among
+  equals); the proposal copies what followed the match, continuing periodically when the match runs into
+  the present. Without a match it follows `bigram` [V] (the most frequent next token of each token, from
+  `bigram_table`), or repeats the pending token when there is no table.
+  """
+  vocab_size: int = struct.field(pytree_node=False)
+  min_match: int = struct.field(pytree_node=False, default=1)
+  max_match: int = struct.field(pytree_node=False, default=8)
+  bigram: Array | None = None
+  max_length: int = struct.field(pytree_node=False, default=1 << 30)   # no network: any cache length
+
+  def __post_init__(self):
+    if not 1 <= self.min_match <= self.max_match:
+      raise ValueError(f"MaxGram needs 1 <= min_match <= max_match; got min_match={self.min_match}, "
+                       f"max_match={self.max_match}")
+
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[MaxGramState, Array]:
+    batch, width = prompts.shape
+    history = jnp.zeros((batch, cache_length + 1), jnp.int32).at[:, :width].set(prompts[:, :cache_length + 1])
+    last = prompts[jnp.arange(batch), prompt_lengths - 1].astype(jnp.int32)
+    return MaxGramState(history=history, length=(prompt_lengths - 1).astype(jnp.int32)), last
+
+  def rollback(self, state: MaxGramState, lengths: Array) -> MaxGramState:
+    return state.replace(length=jnp.asarray(lengths, jnp.int32))
+
+  def propose(self, key: Array, state: MaxGramState, last: Array, *, max_drafts: int,
+              sampling: sampling_lib.Sampling, keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
+    """γ = max_drafts proposals and one more (q at the bonus position), whatever the sampling settings."""
+    batch, size = state.history.shape
+    rows = jnp.arange(batch)
+    history = state.history.at[rows, state.length].set(last, mode="drop")
+    n = state.length + 1                                   # tokens known: history[:, :n]
+    position = jnp.arange(size)[None, :]
+    # match[b, j]: how many tokens ending at j equal the suffix ending at n − 1 (j < n − 1).
+    match = jnp.zeros((batch, size), jnp.int32)
+    alive = position < (n - 1)[:, None]
+    for k in range(self.max_match):
+      shifted = jnp.pad(history, ((0, 0), (k, 0)))[:, :size]           # history[j − k]
+      suffix = history[rows, jnp.maximum(n - 1 - k, 0)][:, None]
+      alive &= (position >= k) & (n - 1 - k >= 0)[:, None] & (shifted == suffix)
+      match += alive
+    end = jnp.argmax(jnp.where(match >= self.min_match, match * size + position, -1), axis=-1)
+    found = match[rows, end] >= self.min_match
+    period = jnp.maximum(n - 1 - end, 1)
+    proposals = jnp.zeros((batch, max_drafts + 1), jnp.int32)
+    previous = last
+    for i in range(max_drafts + 1):
+      source = end + 1 + i
+      copied = jnp.where(source < n, history[rows, jnp.minimum(source, size - 1)],
+                         proposals[rows, jnp.clip(i - period, 0, max_drafts)])
+      fallback = previous if self.bigram is None else self.bigram[previous]
+      token = jnp.where(found, copied, fallback).astype(jnp.int32)
+      proposals = proposals.at[:, i].set(token)
+      previous = token
+    q = jax.nn.one_hot(proposals, self.vocab_size, dtype=jnp.float32)
+    written = history.at[rows[:, None], n[:, None] + jnp.arange(max_drafts)].set(proposals[:, :max_drafts],
+                                                                                 mode="drop")
+    return Draft(tokens=proposals[:, :max_drafts], q=q, q_raw=q, n_drafted=jnp.full((batch,), max_drafts, jnp.int32),
+                 calls=jnp.zeros((batch,), jnp.int32), state=state.replace(history=written))
+
+
+def bigram_table(rows: Any, lengths: Any, vocab_size: int) -> Array:
+  """The most frequent next token of each token [V] int32 (ties: the lowest id; unseen tokens: themselves)
+  over token rows [N, L] with lengths [N] — `MaxGram`'s fallback, from a training split."""
+  rows, lengths = np.asarray(rows), np.asarray(lengths)
+  valid = np.arange(rows.shape[1] - 1)[None, :] < (lengths - 1)[:, None]
+  pairs = rows[:, :-1][valid].astype(np.int64) * vocab_size + rows[:, 1:][valid]
+  codes, counts = np.unique(pairs, return_counts=True)
+  first, second = codes // vocab_size, codes % vocab_size
+  order = np.lexsort((second, -counts, first))          # per first token: most frequent, then lowest id
+  first, second = first[order], second[order]
+  keep = np.concatenate([[True], first[1:] != first[:-1]])
+  table = np.arange(vocab_size, dtype=np.int32)
+  table[first[keep]] = second[keep]
+  return jnp.asarray(table)

@@ -1,0 +1,78 @@
+"""Drafters that are not models: CS Drafting's Max-Gram. Its proposals on hand-made sequences, greedy
+speculative output equal to the verifier's, and the verifier's exact sequence law under sampling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding, models, sampling
+from tests.stats import assert_law
+from tests.toy_models import PositionalTrigram
+
+
+def _propose(drafter, prompt, gamma):
+  prompts = jnp.asarray([prompt], jnp.int32)
+  state, last = drafter.start(prompts, jnp.asarray([len(prompt)]), cache_length=32)
+  draft = drafter.propose(jax.random.PRNGKey(0), state, last, max_drafts=gamma, sampling=sampling.Sampling())
+  return np.asarray(draft.tokens)[0].tolist(), np.asarray(draft.q)[0], draft
+
+
+@pytest.mark.parametrize("prompt, gamma, expected", [
+    ([5, 6, 7, 8, 5, 6], 3, [7, 8, 5]),          # the suffix "5 6" occurred at the start: copy what followed
+    ([1, 2, 1, 2], 4, [1, 2, 1, 2]),              # the match runs into the present: continue periodically
+    ([3, 4, 9, 4, 9, 3, 4], 2, [9, 4]),           # "3 4" (length 2) beats the later "4" (length 1)
+    ([3, 4, 9, 8, 4, 7, 4], 1, [7]),              # among equal lengths the latest occurrence wins
+])
+def test_max_gram_copies_the_continuation_of_the_longest_latest_match(prompt, gamma, expected):
+  tokens, q, draft = _propose(decoding.MaxGram(vocab_size=10), prompt, gamma)
+  assert tokens == expected
+  np.testing.assert_array_equal(q.argmax(-1)[:gamma], expected)
+  np.testing.assert_array_equal(q.sum(-1), 1.0)
+  assert int(draft.calls[0]) == 0 and int(draft.n_drafted[0]) == gamma
+
+
+def test_max_gram_without_a_match_follows_the_bigram_table_or_repeats():
+  table = decoding.bigram_table(np.array([[1, 2, 3, 1, 2, 0], [2, 3, 2, 3, 2, 3]]), np.array([5, 6]), 5)
+  assert np.asarray(table).tolist() == [0, 2, 3, 2, 4]   # 3 → 2 (twice) beats 3 → 1; unseen 0, 4: themselves
+  tokens, _, _ = _propose(decoding.MaxGram(vocab_size=5, bigram=table), [4, 1], 3)
+  assert tokens == [2, 3, 2]
+  tokens, _, _ = _propose(decoding.MaxGram(vocab_size=5), [4, 1], 2)
+  assert tokens == [1, 1]
+  tokens, _, _ = _propose(decoding.MaxGram(vocab_size=5, min_match=2, bigram=table), [1, 3, 4, 1], 1)
+  assert tokens == [2]     # "1" recurs, but a match of 2 tokens is required: bigram 1 → 2
+  with pytest.raises(ValueError, match="min_match <= max_match"):
+    decoding.MaxGram(vocab_size=5, min_match=3, max_match=2)
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_speculative_with_max_gram_equals_the_verifiers_greedy(gamma):
+  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=96)
+  rng = np.random.default_rng(0)
+  prompts = jnp.asarray(np.tile(rng.integers(0, 12, (6, 4)), (1, 3)), jnp.int32)   # repetitive prompts
+  lengths = jnp.asarray(rng.integers(5, 13, 6), jnp.int32)
+  kw = dict(temperature=0.0, max_new_tokens=16, eos_id=None)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive", **kw)
+  got = decoding.generate(jax.random.PRNGKey(0), decoding.MaxGram(vocab_size=12), verifier, prompts, lengths,
+                          method="speculative", gamma=gamma, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert int(np.sum(got.stats.accepted)) > 0 and int(np.sum(got.stats.drafter_calls)) == 0
+
+
+def test_speculative_sampling_with_max_gram_keeps_the_verifiers_sequence_law():
+  """V = 4, 3 new tokens: the output law must be Π_t p_t (the verifier sampling alone), by chi-square."""
+  import itertools
+  vocab, n_new, samples = 4, 3, 100_000
+  verifier = PositionalTrigram.random(2, vocab)
+  prompt = [1, 2, 1]
+  seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
+  full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), 3)), seqs], 1))
+  p = np.asarray(jax.nn.softmax(verifier.logits(full)[:, 2:2 + n_new]))
+  law = np.take_along_axis(p, seqs[:, :, None], -1)[..., 0].prod(1)
+  prompts = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (samples, 3))
+  out = decoding.generate(jax.random.PRNGKey(3), decoding.MaxGram(vocab_size=vocab), verifier, prompts,
+                          method="speculative", gamma=2, temperature=1.0, max_new_tokens=n_new, eos_id=None)
+  codes = (np.asarray(out.tokens) * vocab ** np.arange(n_new - 1, -1, -1)).sum(1)
+  assert_law(codes, law / law.sum(), what="speculative/MaxGram")
+  # Some blocks were accepted whole, others rejected: both branches of the acceptance test ran.
+  assert 0 < np.asarray(out.stats.rejected).sum() < np.asarray(out.stats.verifier_calls).sum()
