@@ -4,7 +4,9 @@ Trained pair (`--task`): drafter and verifier exports (`--drafter`, `--verifier`
 drafters may be given and are compared in the same run; `maxgram` is CS Drafting's Max-Gram drafter), prompts from the task's validation split (each at its own
 length, rounded up to 32), batch size 1, each example decoded by the verifier alone and then by each drafter's speculative decoding, so
 every ratio comes from timings interleaved example by example. Greedy and/or sampled (`--temperatures`).
-Reports per γ: acceptance (accepted / drafted), tokens per verifier call, ms per generated token, the
+Reports per γ: accepted / drafted, the per-token acceptance α that gives the measured tokens per verifier
+call if acceptances were i.i.d. ((1 − α^(γ+1)) / (1 − α); EOS and max_new_tokens cut the last block, so
+it is a slight underestimate), tokens per verifier call, ms per generated token, the
 speed-up over the verifier alone (ratio of ms per generated token: at T > 0 the outputs differ in length),
 the mean wall-clock of a block (total time / verifier calls, prefills included), the speed-up that block
 cost allows if every draft were accepted, and the acceptance 1.5x would need at that block cost.
@@ -135,8 +137,9 @@ def trained_pairs(args: argparse.Namespace) -> None:
       if method == "speculative":
         gamma = runs[i][3]
         block = seconds[i] / max(t["verifier_calls"], 1)   # mean wall-clock per block, prefills included
-        line += (f" | acceptance {t['accepted'] / max(t['drafted'], 1):.3f} | "
-                 f"{t['generated'] / max(t['verifier_calls'], 1):.2f} tokens/verifier call | "
+        tokens_per_call = t["generated"] / max(t["verifier_calls"], 1)
+        line += (f" | accepted/drafted {t['accepted'] / max(t['drafted'], 1):.3f}, per-token acceptance "
+                 f"{_acceptance_for(tokens_per_call, gamma):.2f} | {tokens_per_call:.2f} tokens/verifier call | "
                  f"speed-up {per_token[0] / per_token[i]:.2f}x | {block * 1e3:.2f} ms/block: at most "
                  f"{(gamma + 1) * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs acceptance "
                  f"{_acceptance_for(1.5 * block / per_token[0], gamma):.2f}")
