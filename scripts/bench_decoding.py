@@ -1,9 +1,10 @@
 """Wall-clock of speculative decoding against autoregressive decoding, and the theory's prediction.
 
 Trained pair (`--task`): drafter and verifier exports (`--drafter`, `--verifier` directories; several
-drafters may be given and are compared in the same run; `maxgram` is CS Drafting's Max-Gram drafter), prompts from the task's validation split (each at its own
-length, rounded up to 32), batch size 1, each example decoded by the verifier alone and then by each drafter's speculative decoding, so
-every ratio comes from timings interleaved example by example. Greedy and/or sampled (`--temperatures`).
+drafters may be given and are compared in the same run; `maxgram` is CS Drafting's Max-Gram drafter),
+prompts from the task's validation split (each at its own length, rounded up to 32), batch size 1, each
+example decoded by the verifier alone and then by each drafter's speculative decoding, so every ratio
+comes from timings interleaved example by example. Greedy and/or sampled (`--temperatures`).
 Reports per γ: accepted / drafted, the per-token acceptance α that gives the measured tokens per verifier
 call if acceptances were i.i.d. ((1 − α^(γ+1)) / (1 − α); EOS and max_new_tokens cut the last block, so
 it is a slight underestimate), tokens per verifier call, ms per generated token, the

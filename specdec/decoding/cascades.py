@@ -124,7 +124,8 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
                                       deferred=defers[:, None])
 
   pair = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
-  start = _CascadeState(**{f.name: getattr(pair, f.name) for f in dataclasses.fields(pair)}, pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
+  start = _CascadeState(**{f.name: getattr(pair, f.name) for f in dataclasses.fields(pair)},
+                        pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
                         n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
   output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
                                  slack=1)
