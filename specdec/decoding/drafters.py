@@ -167,7 +167,7 @@ class MaxGram:
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[MaxGramState, Array]:
     batch, width = prompts.shape
-    history = jnp.zeros((batch, cache_length + 1), jnp.int32).at[:, :width].set(prompts[:, :cache_length + 1])
+    history = jnp.zeros((batch, cache_length + 1), jnp.int32).at[:, :width].set(prompts)
     last = prompts[jnp.arange(batch), prompt_lengths - 1].astype(jnp.int32)
     return MaxGramState(history=history, length=(prompt_lengths - 1).astype(jnp.int32)), last
 

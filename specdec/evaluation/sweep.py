@@ -197,21 +197,18 @@ def _family_points(family: Family, experiment: Experiment) -> list[Point]:
   """The family's points, each checked by its method (`Method.resolve`: the ranges `generate` enforces)."""
   try:
     method = decoding.methods.get(family.method)
-    if family.method == "autoregressive":
+    if method.drafter == "none":   # one model decodes alone: which one
       if family.model not in (None, "drafter", "verifier"):
-        raise ValueError(f"model must be 'drafter' or 'verifier' for autoregressive; got {family.model!r}")
+        raise ValueError(f"model must be 'drafter' or 'verifier' for {family.method}; got {family.model!r}")
     elif family.model is not None:
-      raise ValueError(f"model applies to autoregressive only (one model alone); got {family.model!r} "
-                       f"for {family.method!r}")
+      raise ValueError(f"model applies to one-model methods only; got {family.model!r} for {family.method!r}")
+    model = "pair" if method.drafter != "none" else (family.model or "verifier")
     grids = _grids(family, experiment)
-    names = [p.name for p in method.params]
     points = []
-    for combination in itertools.product(*(grids.get(name, [p.default]) for name, p in
-                                           zip(names, method.params))):
-      params = method.resolve(dict(zip(names, combination)))
+    for combination in itertools.product(*(grids.get(p.name, [p.default]) for p in method.params)):
+      params = method.resolve({p.name: value for p, value in zip(method.params, combination)})
       used = tuple(sorted((p.name, float(params[p.name]) if p.traced else params[p.name])
                           for p in method.params if p.used(params)))
-      model = "pair" if method.drafter != "none" else (family.model or "verifier")
       for temperature in experiment.temperatures:
         for top_p in experiment.top_ps:
           point = Point(family=family.name, method=family.method, model=model, temperature=float(temperature),
@@ -240,8 +237,8 @@ def _grid_order(point: Point) -> tuple:
 
 def expand_grid(experiment: Experiment) -> list[Point]:
   """Every point of the grid, validated, canonical and distinct, plus the verifier baselines; baselines
-  first, then grouped by compiled signature (model, method, static parameters). Raises ValueError naming the family
-  and parameter (with its allowed range) on the first bad value, before anything runs."""
+  first, then grouped by compiled signature (model, method, static parameters). Raises ValueError naming
+  the family and parameter (with its allowed range) on the first bad value, before anything runs."""
   _check_experiment(experiment)
   owner: dict[tuple, str] = {}
   points = []
@@ -319,8 +316,11 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
   """The checks `generate` makes on prompts and models (vocabulary, lengths, cache room for the largest
   method slack), once for the whole grid."""
   common.check_models(workload.drafter, workload.verifier)
-  slack = max(decoding.methods.get(p.method).slack(decoding.methods.get(p.method).resolve(dict(p.params)))
-              for p in points)
+  def slack(point: Point) -> int:
+    method = decoding.methods.get(point.method)
+    return method.slack(method.resolve(dict(point.params)))
+
+  slack = max(slack(p) for p in points)
   cache_length = decoding.cache_length_for(workload.prompts.shape[1], workload.max_new_tokens, slack)
   try:
     common.check_prompts(workload.prompts, workload.prompt_lengths, cache_length,

@@ -3,17 +3,15 @@
 A drafter is accepted where it predicts what the *verifier* writes, not what the references say
 (DistillSpec, Zhou et al. 2024: on-policy or teacher-generated data distils acceptance best). `generate`
 decodes a task split's prompts with the verifier (greedy by default) and returns a `tasks.Tokenized` whose
-targets are those continuations; `write` / `read` keep them as chunked .npz files so a killed run resumes
-where it stopped; `tasks.read_generated` reads them back and `tasks.prefix_lm_batches(..., generated=directory)`
+targets are those continuations; `write` keeps them as chunked .npz files so a killed run resumes where it
+stopped; `tasks.read_generated` reads them back and `tasks.prefix_lm_batches(..., generated=directory)`
 trains on them like any task.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 import time
-from typing import Sequence
 
 import jax
 import numpy as np
