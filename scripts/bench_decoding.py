@@ -71,19 +71,45 @@ def _acceptance_for(tokens_per_block: float, gamma: int) -> float:
   return hi
 
 
+def _drafters(args: argparse.Namespace, vocab_size: int) -> dict:
+  """--drafter entries as name -> (factory(γ) -> drafter, the model it calls or None)."""
+  train = tasks.tokenized(args.task, "train", source=args.source)
+  grams = decoding.MaxGram(vocab_size=vocab_size, max_match=args.max_match,
+                           bigram=decoding.bigram_table(train.tokens, train.lengths, vocab_size))
+  drafters = {}
+  for spec in args.drafter:
+    if spec == "maxgram":   # CS Drafting's statistical drafter, its bigram fallback from the task's training rows
+      drafters["maxgram"] = (lambda gamma: grams), None
+    elif spec.startswith("csd:"):   # csd:PATH[:model_drafts=K][:lower_gamma=K][:lenience=L]
+      path, *options = spec[4:].split(":")
+      kw = {key: (float if key == "lenience" else int)(value) for key, value in (o.split("=") for o in options)}
+      model = load_model(path)
+      name = f"csd {export_name(path)} " + " ".join(f"{key}={value}" for key, value in kw.items())
+      drafters[name] = (lambda gamma, model=model, kw=kw: decoding.cs_drafter(model, gamma=gamma, grams=grams,
+                                                                               **kw)), model
+    else:
+      model = load_model(spec)
+      drafters[export_name(spec)] = (lambda gamma, model=model: model), model
+  return drafters
+
+
+def max_gram_cost(grams: decoding.MaxGram, gamma: int, history: int, repeats: int = 200) -> dict[int, float]:
+  """Seconds per jitted Max-Gram proposal of γ drafts over a history of `history` tokens, at B = 1 and 8."""
+  seconds = {}
+  for batch in (1, 8):
+    prompts = jnp.asarray(np.random.default_rng(0).integers(3, grams.vocab_size, (batch, history)), jnp.int32)
+    state, last = grams.start(prompts, jnp.full((batch,), history), cache_length=history + 64)
+    propose = jax.jit(lambda state, last: grams.propose(jax.random.PRNGKey(0), state, last, max_drafts=gamma,
+                                                        sampling=decoding.Sampling()).tokens)
+    seconds[batch] = median_seconds(lambda: propose(state, last), repeats=repeats)
+  return seconds
+
+
 def trained_pairs(args: argparse.Namespace) -> None:
   """Speculative decoding with each trained drafter against the trained verifier alone, interleaved."""
   verifier = load_model(args.verifier)
   split = tasks.tokenized(args.task, "validation", source=args.source)
-  drafters = {}
-  for path in args.drafter:
-    if path == "maxgram":   # CS Drafting's statistical drafter, its bigram fallback from the task's training rows
-      train = tasks.tokenized(args.task, "train", source=args.source)
-      drafters["maxgram"] = decoding.MaxGram(vocab_size=verifier.vocab_size, max_match=args.max_match,
-                                             bigram=decoding.bigram_table(train.tokens, train.lengths,
-                                                                          verifier.vocab_size))
-    else:
-      drafters[export_name(path)] = load_model(path)
+  drafters = _drafters(args, verifier.vocab_size)
   rows = np.sort(np.random.default_rng(args.seed).permutation(len(split))[:args.examples])
   prompts, lengths = split.prompts(rows)
   max_new = args.tokens or tasks.get_task(args.task).max_target_tokens
@@ -93,20 +119,32 @@ def trained_pairs(args: argparse.Namespace) -> None:
   print(f"task {args.task}: {len(rows)} validation prompts (mean length {lengths.mean():.0f}), batch 1, up to "
         f"{max_new} new tokens, eos stops; verifier {export_name(args.verifier)} "
         f"({models.count_params(verifier):,} params)")
-  t1 = _score_seconds(verifier, 1, int(lengths.mean()), 50)
-  for name, drafter in drafters.items():
-    if not hasattr(drafter, "score"):
+  prefix = int(lengths.mean())
+  t1 = _score_seconds(verifier, 1, prefix, 50)
+  print(f"verifier: one scored token {t1 * 1e3:.2f} ms")
+  costs = {}    # drafter model -> cost of scoring n tokens, in verifier steps
+  for name, (_, model) in drafters.items():
+    if model is None:
       print(f"drafter {name}: no model calls")
       continue
-    c = _score_seconds(drafter, 1, int(lengths.mean()), 50) / t1
-    print(f"drafter {name}: {models.count_params(drafter):,} params, c = {c:.3f} (one scored token each)")
+    if id(model) not in costs:
+      costs[id(model)] = {n: _score_seconds(model, n, prefix, 50) / t1
+                          for n in sorted({1, *(k + 1 for k in args.lower_gammas)})}
+    cost = costs[id(model)]
+    print(f"drafter {name}: {models.count_params(model):,} params, c = {cost[1]:.3f} per scored token; "
+          + ", ".join(f"{n} tokens {c:.3f}" for n, c in cost.items() if n > 1))
+  if any(model is None or name.startswith("csd") for name, (_, model) in drafters.items()):
+    grams_cost = max_gram_cost(drafters["maxgram"][0](1) if "maxgram" in drafters else decoding.MaxGram(
+        verifier.vocab_size, max_match=args.max_match), max(args.gamma), prefix + max_new)
+    print(f"Max-Gram proposal of {max(args.gamma)} drafts over {prefix + max_new} tokens: "
+          + ", ".join(f"B={b} {s * 1e6:.0f} us ({s / t1:.3f} verifier steps)" for b, s in grams_cost.items()))
   for gamma in args.gamma:
-    c_gamma = _score_seconds(verifier, gamma + 1, int(lengths.mean()), 50) / t1
+    c_gamma = _score_seconds(verifier, gamma + 1, prefix, 50) / t1
     print(f"gamma={gamma}: the verifier scores gamma+1 tokens at {c_gamma:.2f}x one token")
   for temperature in args.temperatures:
     runs = [("verifier alone", None, "autoregressive", 1)] + [
-        (f"{name} gamma={gamma}", drafter, "speculative", gamma)
-        for gamma in args.gamma for name, drafter in drafters.items()]
+        (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma)
+        for gamma in args.gamma for name, (factory, _) in drafters.items()]
 
     def decode(drafter, method, gamma, row, key):
       # A batch-1 prompt as a user passes it: its own length (rounded up to 32: few shapes to compile).
@@ -119,7 +157,7 @@ def trained_pairs(args: argparse.Namespace) -> None:
       for _, drafter, method, gamma in runs:
         jax.block_until_ready(decode(drafter, method, gamma, row, jax.random.PRNGKey(0)).tokens)
     seconds = np.zeros(len(runs))
-    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls"), 0) for _ in runs]
+    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls"), 0) for _ in runs]
     for trial in range(args.trials):
       for row in range(len(rows)):
         key = jax.random.PRNGKey(trial * len(rows) + row)
@@ -140,7 +178,8 @@ def trained_pairs(args: argparse.Namespace) -> None:
         block = seconds[i] / max(t["verifier_calls"], 1)   # mean wall-clock per block, prefills included
         tokens_per_call = t["generated"] / max(t["verifier_calls"], 1)
         line += (f" | accepted/drafted {t['accepted'] / max(t['drafted'], 1):.3f}, per-token acceptance "
-                 f"{_acceptance_for(tokens_per_call, gamma):.2f} | {tokens_per_call:.2f} tokens/verifier call | "
+                 f"{_acceptance_for(tokens_per_call, gamma):.2f} | {tokens_per_call:.2f} tokens/verifier call, "
+                 f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block | "
                  f"speed-up {per_token[0] / per_token[i]:.2f}x | {block * 1e3:.2f} ms/block: at most "
                  f"{(gamma + 1) * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs acceptance "
                  f"{_acceptance_for(1.5 * block / per_token[0], gamma):.2f}")
@@ -194,8 +233,11 @@ def random_pair(args: argparse.Namespace) -> None:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--drafter", nargs="+", default=["6m"],
-                      help="presets, or with --task export directories and/or 'maxgram' (decoding.MaxGram)")
+                      help="presets, or with --task export directories, 'maxgram' (decoding.MaxGram) and/or CS Drafting "
+           "cascades 'csd:EXPORT[:model_drafts=K][:lower_gamma=K][:lenience=L]' (decoding.cs_drafter)")
   parser.add_argument("--max_match", type=int, default=8, help="MaxGram's longest suffix match")
+  parser.add_argument("--lower_gammas", type=int, nargs="*", default=[4],
+                      help="also time the drafters scoring k+1 tokens (a vertical cascade's review calls)")
   parser.add_argument("--verifier", default="97m", help="a preset, or an export directory with --task")
   parser.add_argument("--task", help="a local task: trained exports on its validation prompts")
   parser.add_argument("--source", default="auto", help="the task's data (specdec.data.load)")

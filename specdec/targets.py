@@ -183,3 +183,24 @@ def target_distribution(rule: str, *, q: Array, p: Array, q_raw: Array, p_raw: A
   r = token_deferral(rule, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
   eta = jnp.sum(jnp.where(r, q, 0.0), axis=-1, keepdims=True)
   return jnp.where(r, 0.0, q) + p * eta
+
+
+def lenient_target(q: Array, p: Array, *, q_raw: Array, p_raw: Array, lenience, greedy) -> Array:
+  """CS Drafting's lenient review (§3.2) as the law π of what a reviewer p emits for drafts x ~ q, [..., V].
+
+  Sampling: x is accepted with probability min(1, l·p(x)/q(x)), else a token is drawn from
+  norm(max(0, p − q)); so π = m + (1 − Σm)·norm(max(0, p − q)) with m = min(q, l·p). Verifying the
+  q-drafts against this π (`verify.verify_block`) performs exactly that test and residual; l = 1 gives
+  π = p. Greedy (`greedy` true, q and p one-hot): x = argmax q is kept where x = argmax p or, for l > 1,
+  where q_raw(x) ≤ l·p_raw(x) (CSD's greedy rule); otherwise argmax p. At l = 1 only argmax p is kept, so
+  lenience 1 is exact (CSD's text would also keep x when q_raw(x) ≤ p_raw(x)). `lenience` ≥ 1 and
+  `greedy` may be traced.
+  """
+  lenience = _per_token(lenience)
+  kept = jnp.minimum(q, lenience * p)
+  res = jnp.maximum(p - q, 0.0)
+  res = res / jnp.maximum(jnp.sum(res, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+  pi = kept + (1.0 - jnp.sum(kept, axis=-1, keepdims=True)) * res
+  q_at_x, p_at_x = jnp.sum(q * q_raw, axis=-1, keepdims=True), jnp.sum(q * p_raw, axis=-1, keepdims=True)
+  keep_draft = greedy & (lenience > 1.0) & (q_at_x <= lenience * p_at_x)
+  return jnp.where(keep_draft, q, pi)

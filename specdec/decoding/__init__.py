@@ -19,6 +19,7 @@ import numpy as np
 from specdec import checks
 from specdec.decoding import common, methods
 from specdec.decoding.common import Output, Stats
+from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_drafter, bigram_table
 from specdec.decoding.methods import METHODS, Method, Param, register
 from specdec.models import base
@@ -31,8 +32,9 @@ Array = jax.Array
 # generation stops there unless `generate` is told otherwise (eos_id=None decodes max_new_tokens always).
 DEFAULT_EOS_ID = 1
 
-__all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "METHODS", "MaxGram", "Method", "ModelDrafter", "Output", "Param",
-           "Sampling", "Stats", "bigram_table", "generate", "register"]
+__all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "HorizontalCascade", "METHODS", "MaxGram", "Method", "ModelDrafter",
+           "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "cs_drafter", "generate",
+           "register"]
 
 
 def _int(name: str, value: Any, lo: int) -> int:
@@ -93,6 +95,10 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
     oracle_cascade  rule, alpha: OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff]).
     bild            alpha, fallback_alpha [0.5], gamma: the original BiLD: fallback while max q ≥
                     1 − fallback_alpha, at most γ drafts, deterministic rollback where D(q, p) > alpha.
+    cs_drafting     gamma, model_drafts [None: γ], lower_gamma [4], lenience [1]: lossless SpecDecode with
+                    CS Drafting's drafter (`cs_drafting.cs_drafter`): the model, itself drafted by Max-Gram
+                    (lower_gamma per call, 0: alone) under lenience ≥ 1, for the first model_drafts
+                    positions of a block, Max-Gram for the rest (0: Max-Gram alone).
   Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
   temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild). Rows
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).
@@ -120,8 +126,10 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
     drafter = as_drafter(drafter)
   common.check_models(drafter.model if isinstance(drafter, ModelDrafter) else drafter, verifier)
   models = [verifier] if drafter is None else [drafter, verifier]
+  # A cascade drafter writes beyond the block (`VerticalCascade.slack`).
   cache_length = cache_length_for(max(base.prompt_cache_positions(getattr(m, "model", m), prompts.shape[1])
-                                      for m in models), max_new_tokens, spec.slack(params))
+                                      for m in models), max_new_tokens,
+                                  spec.slack(params) + getattr(drafter, "slack", 0))
   common.check_prompts(prompts, prompt_lengths, cache_length, models)
   traced = {name: jnp.float32(value) for name, value in spec.traced(params).items()}
   out = _generate(key, drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),

@@ -8,6 +8,11 @@ acceptance test decides what is emitted, so a new way to draft is a new `Drafter
   draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None)
   state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
 
+After `propose` the state holds `last` and the drafts (it may be rolled back to any length up to the old one
++ max_drafts + 1). Drafters that can join a horizontal cascade also read tokens without drafting:
+
+  state = drafter.observe(state, tokens [B, W], counts [B])  # consume tokens[b, :counts[b]] (not `last`)
+
 `ModelDrafter` wraps any `models.base.Model` (the default: `generate` wraps a model it is given);
 `MaxGram` is CS Drafting's statistical drafter (no model calls).
 """
@@ -93,6 +98,12 @@ class ModelDrafter:
   def rollback(self, state: Cache, lengths: Array) -> Cache:
     return rollback(state, lengths)
 
+  def observe(self, state: Cache, tokens: Array, counts: Array) -> Cache:
+    """One call scoring tokens [B, W] (skipped when no row has any), kept up to counts [B]."""
+    def score(cache: Cache) -> Cache:
+      return rollback(self.model.score(cache, tokens)[1], cache.lengths + counts)
+    return jax.lax.cond(jnp.any(counts > 0), score, lambda cache: cache, state)
+
   def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
               keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
     """Scores `last` then each new draft, up to `max_drafts` drafts. A row that stops (keep_drafting
@@ -174,6 +185,13 @@ class MaxGram:
   def rollback(self, state: MaxGramState, lengths: Array) -> MaxGramState:
     return state.replace(length=jnp.asarray(lengths, jnp.int32))
 
+  def observe(self, state: MaxGramState, tokens: Array, counts: Array) -> MaxGramState:
+    batch, width = tokens.shape
+    slots = jnp.where(jnp.arange(width) < counts[:, None], state.length[:, None] + jnp.arange(width),
+                      state.history.shape[1])
+    return MaxGramState(history=state.history.at[jnp.arange(batch)[:, None], slots].set(tokens, mode="drop"),
+                        length=state.length + counts)
+
   def propose(self, key: Array, state: MaxGramState, last: Array, *, max_drafts: int,
               sampling: sampling_lib.Sampling, keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
     """γ = max_drafts proposals and one more (q at the bonus position), whatever the sampling settings."""
@@ -208,6 +226,12 @@ class MaxGram:
                                                                                  mode="drop")
     return Draft(tokens=proposals[:, :max_drafts], q=q, q_raw=q, n_drafted=jnp.full((batch,), max_drafts, jnp.int32),
                  calls=jnp.zeros((batch,), jnp.int32), state=state.replace(history=written))
+
+
+def observe_chunk(history: Array, start: Array, width: int) -> Array:
+  """history[b, start[b] : start[b] + width] for each row [B, width] (clipped at the end; for `observe`)."""
+  index = jnp.minimum(start[:, None] + jnp.arange(width), history.shape[1] - 1)
+  return jnp.take_along_axis(history, index, axis=1)
 
 
 def bigram_table(rows: Any, lengths: Any, vocab_size: int) -> Array:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from specdec import checks, targets
-from specdec.decoding import cascades, speculative
+from specdec.decoding import cascades, cs_drafting, speculative
 from specdec.decoding.autoregressive import autoregressive
 
 
@@ -150,3 +150,20 @@ register(Method("bild", decode=speculative.bild, slack=lambda p: p["gamma"] + 1,
     GAMMA)))
 register(Method("oracle_cascade", decode=cascades.oracle_cascade, drafter="model", rank=lambda p: 6,
                 params=(RULE, ALPHA)))
+
+
+def _check_model_drafts(value, params) -> None:
+  if value is not None:
+    checks.check_count("model_drafts (positions of a block the model drafts; None: all gamma)", value, 0,
+                       params["gamma"])
+
+
+register(Method("cs_drafting", decode=cs_drafting.cs_drafting, drafter="model", rank=lambda p: 2.05,
+                slack=lambda p: p["gamma"] + p["lower_gamma"] + 2, params=(
+    GAMMA,
+    Param("model_drafts", None, traced=False, check=_check_model_drafts, symbol="k_m"),
+    Param("lower_gamma", 4, traced=False, symbol="k_l", used=lambda p: p["model_drafts"] != 0,
+          check=lambda value, params: checks.check_count("lower_gamma (Max-Gram drafts per model call; 0: "
+                                                         "the model drafts alone)", value, 0)),
+    Param("lenience", 1.0, traced=True, used=lambda p: p["model_drafts"] != 0 and p["lower_gamma"] > 0,
+          check=lambda value, params: checks.check_range("lenience", value, 1.0, math.inf, hi_closed=False)))))
