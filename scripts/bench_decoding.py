@@ -14,6 +14,10 @@ cost allows if every draft were accepted, and the acceptance 1.5x would need at 
 
   python scripts/bench_decoding.py --task debian_synopsis --source outputs/debian \
       --drafter data/models/debian_drafter --verifier data/models/debian_verifier --gamma 3 5
+  python scripts/bench_decoding.py --task debian_en_de --source outputs/debian --verifier data/models/debian_verifier \
+      --drafter data/models/debian_drafter_distilled maxgram csd:data/models/debian_drafter_distilled:lower_gamma=4
+
+With CS Drafting cascades each run also prints CSD's EWIF from its measured acceptance and costs.
 
 Random-weight models (no `--task`; presets, the paper's LM1B sizes), batch size 1, greedy, one run:
   1. identical drafter and verifier: every draft is accepted (α = 1), so the measured speedup isolates
@@ -35,6 +39,7 @@ import os
 import platform
 import sys
 import time
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +48,7 @@ import numpy as np
 from specdec import decoding, models, theory
 from specdec.data import load_vocabulary, tasks
 from specdec.evaluation.timing import median_seconds
-from specdec.training import export_name, load_model
+from specdec.training import acceptance, export_name, load_model
 
 
 def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
@@ -71,25 +76,50 @@ def _acceptance_for(tokens_per_block: float, gamma: int) -> float:
   return hi
 
 
-def _drafters(args: argparse.Namespace, vocab_size: int) -> dict:
-  """--drafter entries as name -> (factory(γ) -> drafter, the model it calls or None)."""
+class Entry(NamedTuple):
+  """A --drafter entry: factory(γ) -> drafter; the model it calls (None: Max-Gram); its CS Drafting
+  options (None: not a cascade); whether it drafts a variable number of tokens (gated Max-Gram, SpecDec++)."""
+  factory: Callable[[int], Any]
+  model: Any
+  csd: dict | None
+  adaptive: bool = False
+
+
+def _drafters(args: argparse.Namespace, vocab_size: int) -> dict[str, Entry]:
+  """--drafter entries by name (`--help`)."""
   train = tasks.tokenized(args.task, "train", source=args.source)
   grams = decoding.MaxGram(vocab_size=vocab_size, max_match=args.max_match,
                            bigram=decoding.bigram_table(train.tokens, train.lengths, vocab_size))
-  drafters = {}
+  drafters, loaded = {}, {}
+
+  def load(path):   # one model object per export: the EWIF lines match runs by model
+    if path not in loaded:
+      loaded[path] = load_model(path)
+    return loaded[path]
+
   for spec in args.drafter:
     if spec == "maxgram":   # CS Drafting's statistical drafter, its bigram fallback from the task's training rows
-      drafters["maxgram"] = (lambda gamma: grams), None
+      drafters["maxgram"] = Entry(lambda gamma: grams, None, None)
+    elif spec.startswith("maxgram:gate="):   # drafting only where the longest match has >= gate tokens
+      gated = grams.replace(gate=int(spec.split("=")[1]))
+      drafters[spec.replace(":", " ")] = Entry(lambda gamma, gated=gated: gated, None, None, adaptive=True)
     elif spec.startswith("csd:"):   # csd:PATH[:model_drafts=K][:lower_gamma=K][:lenience=L]
       path, *options = spec[4:].split(":")
       kw = {key: (float if key == "lenience" else int)(value) for key, value in (o.split("=") for o in options)}
-      model = load_model(path)
+      model = load(path)
       name = f"csd {export_name(path)} " + " ".join(f"{key}={value}" for key, value in kw.items())
-      drafters[name] = (lambda gamma, model=model, kw=kw: decoding.cs_drafter(model, gamma=gamma, grams=grams,
-                                                                               **kw)), model
+      drafters[name] = Entry(lambda gamma, model=model, kw=kw: decoding.cs_drafter(model, gamma=gamma, grams=grams,
+                                                                                  **kw), model, kw)
+    elif spec.startswith("pp:"):   # pp:PATH[:head=DIR][:h=H]: SpecDec++ with γ as its maximum Γ
+      path, *options = spec[3:].split(":")
+      kw = dict(o.split("=") for o in options)
+      model, head = load(path), acceptance.load_head(kw.get("head", path))
+      drafter = decoding.ModelDrafter(model, head=head, stop_threshold=float(kw.get("h", 0.5)))
+      drafters[f"specdec++ {export_name(path)} h={float(kw.get('h', 0.5)):g}"] = Entry(
+          lambda gamma, drafter=drafter: drafter, model, None, adaptive=True)
     else:
-      model = load_model(spec)
-      drafters[export_name(spec)] = (lambda gamma, model=model: model), model
+      model = load(spec)
+      drafters[export_name(spec)] = Entry(lambda gamma, model=model: model, model, None)
   return drafters
 
 
@@ -122,19 +152,21 @@ def trained_pairs(args: argparse.Namespace) -> None:
   prefix = int(lengths.mean())
   t1 = _score_seconds(verifier, 1, prefix, 50)
   print(f"verifier: one scored token {t1 * 1e3:.2f} ms")
-  costs = {}    # drafter model -> cost of scoring n tokens, in verifier steps
-  for name, (_, model) in drafters.items():
+  costs = {}    # id(drafter model) -> {n: cost of scoring n tokens, in verifier steps}
+  reviews = {1} | {entry.csd.get("lower_gamma", 4) + 1 for entry in drafters.values() if entry.csd}
+  for name, (_, model, *_) in drafters.items():
     if model is None:
       print(f"drafter {name}: no model calls")
       continue
     if id(model) not in costs:
       costs[id(model)] = {n: _score_seconds(model, n, prefix, 50) / t1
-                          for n in sorted({1, *(k + 1 for k in args.lower_gammas)})}
+                          for n in sorted(reviews)}
     cost = costs[id(model)]
     print(f"drafter {name}: {models.count_params(model):,} params, c = {cost[1]:.3f} per scored token; "
           + ", ".join(f"{n} tokens {c:.3f}" for n, c in cost.items() if n > 1))
-  if any(model is None or name.startswith("csd") for name, (_, model) in drafters.items()):
-    grams_cost = max_gram_cost(drafters["maxgram"][0](1) if "maxgram" in drafters else decoding.MaxGram(
+  grams_cost = {1: 0.0}
+  if any(entry.model is None or entry.csd for entry in drafters.values()):
+    grams_cost = max_gram_cost(drafters["maxgram"].factory(1) if "maxgram" in drafters else decoding.MaxGram(
         verifier.vocab_size, max_match=args.max_match), max(args.gamma), prefix + max_new)
     print(f"Max-Gram proposal of {max(args.gamma)} drafts over {prefix + max_new} tokens: "
           + ", ".join(f"B={b} {s * 1e6:.0f} us ({s / t1:.3f} verifier steps)" for b, s in grams_cost.items()))
@@ -144,7 +176,7 @@ def trained_pairs(args: argparse.Namespace) -> None:
   for temperature in args.temperatures:
     runs = [("verifier alone", None, "autoregressive", 1)] + [
         (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma)
-        for gamma in args.gamma for name, (factory, _) in drafters.items()]
+        for gamma in args.gamma for name, (factory, *_) in drafters.items()]
 
     def decode(drafter, method, gamma, row, key):
       # A batch-1 prompt as a user passes it: its own length (rounded up to 32: few shapes to compile).
@@ -152,6 +184,18 @@ def trained_pairs(args: argparse.Namespace) -> None:
       return decoding.generate(key, drafter, verifier, prompts[row:row + 1, :width], lengths[row:row + 1],
                                method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
                                eos_id=eos_id)
+
+    def decode_inner(model, k):
+      """Per-token acceptance of Max-Gram drafts (k per block) under `model` alone, over the prompts."""
+      drafter = drafters["maxgram"].factory(k) if "maxgram" in drafters else decoding.MaxGram(model.vocab_size)
+      generated = calls = 0
+      for row in range(len(rows)):
+        width = -(-int(lengths[row]) // 32) * 32
+        out = decoding.generate(jax.random.PRNGKey(row), drafter, model, prompts[row:row + 1, :width],
+                                lengths[row:row + 1], method="speculative", gamma=k, temperature=temperature,
+                                max_new_tokens=max_new, eos_id=eos_id)
+        generated, calls = generated + int(out.stats.generated[0]), calls + int(out.stats.verifier_calls[0])
+      return _acceptance_for(generated / max(calls, 1), k)
 
     for row in range(len(rows)):  # compile every prompt width
       for _, drafter, method, gamma in runs:
@@ -179,11 +223,86 @@ def trained_pairs(args: argparse.Namespace) -> None:
         tokens_per_call = t["generated"] / max(t["verifier_calls"], 1)
         line += (f" | accepted/drafted {t['accepted'] / max(t['drafted'], 1):.3f}, per-token acceptance "
                  f"{_acceptance_for(tokens_per_call, gamma):.2f} | {tokens_per_call:.2f} tokens/verifier call, "
-                 f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block | "
+                 f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block, discard rate "
+                 f"{(t['drafted'] - t['accepted']) / max(t['generated'], 1):.3f}, verification rate "
+                 f"{t['verifier_calls'] / max(t['generated'], 1):.3f} | "
                  f"speed-up {per_token[0] / per_token[i]:.2f}x | {block * 1e3:.2f} ms/block: at most "
                  f"{(gamma + 1) * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs acceptance "
                  f"{_acceptance_for(1.5 * block / per_token[0], gamma):.2f}")
       print(line, flush=True)
+    if args.rates_plot:
+      _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token, f"{args.task}, T = {temperature:g}")
+    alphas = {runs[i][0]: _acceptance_for(totals[i]["generated"] / max(totals[i]["verifier_calls"], 1), runs[i][3])
+              for i in range(1, len(runs))}
+    for i in range(1, len(runs)):
+      name, gamma = runs[i][0].rsplit(" gamma=", 1)
+      ewif = _ewif(name, int(gamma), alphas, drafters, costs, grams_cost[1] / t1, totals[i], temperature, decode_inner)
+      print(f"  {runs[i][0]:<32} EWIF (CS Drafting) {ewif}")
+
+
+def _plot_rates(path: str, runs: list, totals: list, per_token: list, title: str) -> None:
+  """SpecDec++'s Figure 3: discard rate (drafted but rejected tokens per emitted token) against
+  verification rate (verifier calls per emitted token), one series per drafter over its γ (or Γ), with
+  the wall-clock speed-up over the verifier alone written at each point."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  series: dict[str, list] = {}
+  for i in range(1, len(runs)):
+    name, gamma = runs[i][0].rsplit(" gamma=", 1)
+    family = name.split(" h=")[0] + (f" Γ={gamma}" if " h=" in name else "")
+    t = totals[i]
+    series.setdefault(family, []).append(((t["drafted"] - t["accepted"]) / max(t["generated"], 1),
+                                          t["verifier_calls"] / max(t["generated"], 1),
+                                          (name.split(" h=")[1] if " h=" in name else f"γ={gamma}"),
+                                          per_token[0] / per_token[i]))
+  fig, ax = plt.subplots(figsize=(7, 5))
+  for family, points in series.items():
+    points.sort(key=lambda point: point[1])
+    ax.plot([p[1] for p in points], [p[0] for p in points], "o-", label=family)
+    for discard, verification, label, speedup in points:
+      ax.annotate(f"{label} ({speedup:.2f}×)", (verification, discard), fontsize=7, xytext=(3, 3),
+                  textcoords="offset points")
+  ax.set_xlabel("verification rate (verifier calls per emitted token)")
+  ax.set_ylabel("discard rate (rejected drafts per emitted token)")
+  ax.set_title(f"{title}; labels: γ or h (speed-up vs the verifier alone)", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path}", flush=True)
+
+
+def _ewif(name, gamma, alphas, drafters, costs, c_grams, totals, temperature, decode_inner) -> str:
+  """CS Drafting's expected walltime improvement from this run's acceptance and the measured costs:
+  Cor. 4.2 for one drafter, Thm 4.3 for a vertical cascade (α' of Max-Gram under the model measured by
+  a separate untimed run), Thm 4.5 for model-then-Max-Gram horizontal cascades. EWIF counts a verifier
+  call as one decode step (the measured block cost above says how far that is from this machine)."""
+  alpha = min(alphas[f"{name} gamma={gamma}"], 0.999999)
+  _, model, csd, adaptive = drafters[name]
+  if adaptive:
+    return "n/a (a variable number of drafts per block)"
+  if csd is None:
+    c = c_grams / gamma if model is None else costs[id(model)][1]
+    return f"{float(theory.walltime_improvement(alpha, gamma, c)):.2f}x (Cor. 4.2, c = {c:.3f} per draft)"
+  lower_gamma, model_drafts = csd.get("lower_gamma", 4), csd.get("model_drafts", gamma)
+  if lower_gamma > 0 and model_drafts >= gamma:
+    inner = min(decode_inner(model, lower_gamma), 0.999999)
+    reviews = totals["drafter_calls"] / max(totals["verifier_calls"], 1)
+    n = max(1, round(reviews))
+    c_review = costs[id(model)].get(lower_gamma + 1, float("nan"))
+    value = theory.vertical_cascade_ewif(alpha, inner, lower_gamma, n, c_review, c_grams / lower_gamma)
+    return (f"{float(value):.2f}x (Thm 4.3: alpha' = {inner:.2f} Max-Gram under the model, k = {lower_gamma}, "
+            f"n = {n} reviews, c_d1 = {c_review:.3f})")
+  if lower_gamma == 0 and f"maxgram gamma={gamma}" in alphas:
+    plain = [key for key, entry in drafters.items() if entry.model is model and entry.csd is None
+             and not entry.adaptive]
+    if plain and f"{plain[0]} gamma={gamma}" in alphas:
+      a_model, a_grams = alphas[f"{plain[0]} gamma={gamma}"], alphas[f"maxgram gamma={gamma}"]
+      value = theory.horizontal_cascade_ewif([a_model] * model_drafts + [a_grams] * (gamma - model_drafts),
+                                             [costs[id(model)][1]] * model_drafts + [c_grams / gamma] * (gamma - model_drafts))
+      return f"{value:.2f}x (Thm 4.5 with the model's and Max-Gram's own acceptance per position)"
+  return "no closed form for this configuration"
 
 
 def random_pair(args: argparse.Namespace) -> None:
@@ -233,11 +352,12 @@ def random_pair(args: argparse.Namespace) -> None:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--drafter", nargs="+", default=["6m"],
-                      help="presets, or with --task export directories, 'maxgram' (decoding.MaxGram) and/or CS Drafting "
-           "cascades 'csd:EXPORT[:model_drafts=K][:lower_gamma=K][:lenience=L]' (decoding.cs_drafter)")
+                      help="presets, or with --task export directories, 'maxgram' or 'maxgram:gate=K' (decoding.MaxGram), CS "
+           "Drafting cascades 'csd:EXPORT[:model_drafts=K][:lower_gamma=K][:lenience=L]' (decoding.cs_drafter) "
+           "and/or SpecDec++ drafters 'pp:EXPORT[:head=DIR][:h=H]' (γ is their maximum Γ)")
   parser.add_argument("--max_match", type=int, default=8, help="MaxGram's longest suffix match")
-  parser.add_argument("--lower_gammas", type=int, nargs="*", default=[4],
-                      help="also time the drafters scoring k+1 tokens (a vertical cascade's review calls)")
+  parser.add_argument("--rates_plot", help="with --task: write PATH.T<temperature>.png, discard rate against "
+                                           "verification rate of every run (SpecDec++ Fig. 3)")
   parser.add_argument("--verifier", default="97m", help="a preset, or an export directory with --task")
   parser.add_argument("--task", help="a local task: trained exports on its validation prompts")
   parser.add_argument("--source", default="auto", help="the task's data (specdec.data.load)")

@@ -43,7 +43,8 @@ def verification_law(q: Array, pi: Array) -> Array:
   return accepted + p_reject * res / jnp.sum(res, axis=-1, keepdims=True)
 
 
-def verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array) -> tuple[Array, Array]:
+def verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array,
+                 n_drafted: Array | None = None) -> tuple[Array, Array]:
   """Algorithm 4 on a batch of blocks: accept a prefix of the drafts, then one corrected/bonus token.
 
   Args:
@@ -51,10 +52,12 @@ def verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array) -> tuple[
     draft_tokens: [B, γ] tokens x_j drawn from q_j.
     q: [B, γ, V] drafter distributions q_j the drafts were drawn from (transformed, S(q)).
     pi: [B, γ+1, V] target distributions π_j = T(q_j, p_j); row γ is the bonus distribution.
+    n_drafted: [B] drafts each row made (None: γ); drafts at j ≥ n_drafted[b] are padding, and when the
+      first n_drafted[b] are all accepted the bonus token is drawn from π at n_drafted[b].
   Returns:
-    n_accepted: [B] int32 in [0, γ], the number of leading drafts accepted.
+    n_accepted: [B] int32 in [0, n_drafted], the number of leading drafts accepted.
     next_token: [B] int32, the residual sample at j* = n_accepted (or the bonus sample when all
-      γ are accepted).
+      drafts are accepted).
     Rows where NaN reaches the step (in q(x_j), π(x_j) or the rows q_j*, π_j* that are sampled from)
     get n_accepted = next_token = -1: the in-jit flag. Outside jit, NaN anywhere raises ValueError.
   """
@@ -64,11 +67,15 @@ def verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array) -> tuple[
                      f"{draft_tokens.shape}, {q.shape}, {pi.shape}")
   checks.check_probs("q", q)
   checks.check_probs("pi", pi)
-  return _verify_block(key, jnp.asarray(draft_tokens, jnp.int32), jnp.asarray(q), jnp.asarray(pi))
+  if n_drafted is None:
+    n_drafted = jnp.full((batch,), gamma, jnp.int32)
+  checks.check_count("n_drafted", n_drafted, 0, gamma)
+  return _verify_block(key, jnp.asarray(draft_tokens, jnp.int32), jnp.asarray(q), jnp.asarray(pi),
+                       jnp.asarray(n_drafted, jnp.int32))
 
 
 @jax.jit
-def _verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array) -> tuple[Array, Array]:
+def _verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array, n_drafted: Array) -> tuple[Array, Array]:
   """The jitted kernel behind `verify_block` (no checks): eager calls compile once per shape."""
   batch, gamma = draft_tokens.shape
   key_accept, key_resample = jax.random.split(key)
@@ -77,17 +84,20 @@ def _verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array) -> tuple
   pi_x = jnp.take_along_axis(pi[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
   # u < π/q  <=>  u·q < π: no division, and a draft with q(x) = π(x) = 0 is rejected.
   u = jax.random.uniform(key_accept, (batch, gamma))
-  accepted = u * q_x < pi_x
+  accepted = (u * q_x < pi_x) & (jnp.arange(gamma) < n_drafted[:, None])
   n_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=-1), axis=-1)
 
-  # At j* < γ the residual is max(0, π − q); at j* = γ the padded q row is 0, so the residual is π_γ.
-  q_padded = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  # At j* < n_drafted the residual is max(0, π − q); at j* = n_drafted no draft was made there (q taken
+  # as 0), so the residual is π itself: the bonus token.
   rows = jnp.arange(batch)
-  next_token = sampling.sample(key_resample, residual(pi[rows, n_accepted], q_padded[rows, n_accepted]))
+  q_star = jnp.where((n_accepted < n_drafted)[:, None], q[rows, jnp.minimum(n_accepted, gamma - 1)], 0.0)
+  next_token = sampling.sample(key_resample, residual(pi[rows, n_accepted], q_star))
 
   # NaN anywhere in the entries this step reads poisons its outcome; checking only those keeps the
   # flag off the [B, γ, V] arrays (a full pass each).
-  used = jnp.concatenate([q_x, pi_x, jnp.sum(pi[rows, n_accepted], -1, keepdims=True),
-                          jnp.sum(q_padded[rows, n_accepted], -1, keepdims=True)], axis=-1)
+  drafted = jnp.arange(gamma) < n_drafted[:, None]
+  used = jnp.concatenate([jnp.where(drafted, q_x, 0.0), jnp.where(drafted, pi_x, 0.0),
+                          jnp.sum(pi[rows, n_accepted], -1, keepdims=True),
+                          jnp.sum(q_star, -1, keepdims=True)], axis=-1)
   bad = jnp.any(jnp.isnan(used), axis=-1)
   return jnp.where(bad, -1, n_accepted).astype(jnp.int32), jnp.where(bad, -1, next_token)

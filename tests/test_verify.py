@@ -79,6 +79,28 @@ def test_monte_carlo_law_per_position(rule, temperature, top_p):
   assert len(np.unique(n_acc)) >= 2, "the block must exercise acceptance and rejection"
 
 
+def test_rows_with_fewer_drafts_stop_there_and_draw_the_bonus_from_pi():
+  """n_drafted [B]: a row with n drafts never accepts beyond them, and its token at position n follows
+  π_n (no draft there: no residual); positions before n keep the law of the full block."""
+  q, pi = _block("spec", seed=5)
+  k_draft, k_verify = jax.random.split(jax.random.PRNGKey(5))
+  drafts = jax.random.categorical(k_draft, jnp.log(q), shape=(N, GAMMA)).astype(jnp.int32)
+  n_drafted = jnp.asarray(np.arange(N) % (GAMMA + 1), jnp.int32)            # 0 … γ drafts, a quarter each
+  n_acc, nxt = verify.verify_block(k_verify, drafts, jnp.broadcast_to(q, (N, GAMMA, V)),
+                                   jnp.broadcast_to(pi, (N, GAMMA + 1, V)), n_drafted)
+  drafts, n_acc, nxt, n_drafted = map(np.asarray, (drafts, n_acc, nxt, n_drafted))
+  assert np.all(n_acc <= n_drafted)
+  for n in range(GAMMA + 1):
+    rows = (n_drafted == n) & (n_acc == n)                                # every draft accepted
+    assert_law(nxt[rows], np.asarray(pi[n]), what=f"bonus after {n} drafts")
+    rows = (n_drafted == n) & (n_acc >= n - 1) if n else None
+    if n:   # the last draft's position: accepted draft or residual, π_{n-1} in law
+      token = np.where(n_acc[rows] > n - 1, drafts[rows, n - 1], nxt[rows])
+      assert_law(token, np.asarray(pi[n - 1]), what=f"last of {n} drafts")
+  with pytest.raises(ValueError, match="n_drafted"):
+    verify.verify_block(k_verify, drafts[:2], q[None].repeat(2, 0), pi[None].repeat(2, 0), jnp.asarray([1, 4]))
+
+
 def test_monte_carlo_detects_a_wrong_residual():
   """The check above has power: resampling from π instead of the residual fails it."""
   q, pi = _block("spec", seed=1)

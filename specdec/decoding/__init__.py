@@ -99,6 +99,9 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
                     CS Drafting's drafter (`cs_drafting.cs_drafter`): the model, itself drafted by Max-Gram
                     (lower_gamma per call, 0: alone) under lenience ≥ 1, for the first model_drafts
                     positions of a block, Max-Gram for the rest (0: Max-Gram alone).
+    specdec_pp      stop_threshold [0.5], max_gamma [8]: SpecDec++ (lossless): the drafter, a
+                    `ModelDrafter(model, head=…)`, stops a block once its acceptance head predicts
+                    P(some draft rejected) > stop_threshold.
   Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
   temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild). Rows
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).

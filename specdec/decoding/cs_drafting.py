@@ -119,8 +119,9 @@ class VerticalCascade:
       p_raw, p = sampling.distributions(logits)
       pi = targets.lenient_target(lower.q[:, :k], p[:, :k], q_raw=lower.q_raw[:, :k], p_raw=p_raw[:, :k],
                                   lenience=self.lenience, greedy=greedy)
-      pi = jnp.concatenate([pi, p[:, k:]], axis=1)
-      n_kept, next_token = verify.verify_block(key_review, lower.tokens, lower.q[:, :k], pi)
+      # After the lower level's last draft (k, or fewer for a gated Max-Gram) the upper model samples.
+      pi = jnp.where((index >= lower.n_drafted[:, None])[..., None], p, jnp.pad(pi, ((0, 0), (0, 1), (0, 0))))
+      n_kept, next_token = verify.verify_block(key_review, lower.tokens, lower.q[:, :k], pi, lower.n_drafted)
       # A row NaN reached reports NaN as its law (the verifier above flags it) and stops reviewing.
       failed = n_kept < 0
       pi = jnp.where(failed[:, None, None], jnp.nan, pi)
@@ -177,6 +178,12 @@ class HorizontalCascade:
     vocabs = {stage.vocab_size for stage in self.stages}
     if len(vocabs) != 1:
       raise ValueError(f"HorizontalCascade stages have different vocabularies: {sorted(vocabs)}")
+    if any(getattr(stage, "variable_length", False) for stage in self.stages[:-1]):
+      raise ValueError("only the last stage of a HorizontalCascade may draft a variable number of tokens")
+
+  @property
+  def variable_length(self) -> bool:
+    return getattr(self.stages[-1], "variable_length", False)
 
   @property
   def vocab_size(self) -> int:
@@ -242,9 +249,10 @@ class HorizontalCascade:
       calls += draft.calls
       position = position + drafts
       bonus = draft.q[:, drafts:], draft.q_raw[:, drafts:]
+    # Only the last stage may stop early (`variable_length`): its q at its stop is the bonus q, in place.
     return Draft(tokens=jnp.concatenate(tokens, axis=1), q=jnp.concatenate(q + [bonus[0]], axis=1),
                  q_raw=jnp.concatenate(q_raw + [bonus[1]], axis=1),
-                 n_drafted=jnp.full((batch,), max_drafts, jnp.int32), calls=calls,
+                 n_drafted=max_drafts - drafts + draft.n_drafted, calls=calls,
                  state=HorizontalState(stages=tuple(stages), consumed=jnp.stack(consumed), history=history,
                                        length=state.length))
 

@@ -75,12 +75,26 @@ class _DraftCarry:
   q_raw: Array                # [B, γ+1, V] q_j at temperature 1
   drafting: Array             # [B] the row is still drafting
   n_drafted: Array            # [B]
+  all_accepted: Array         # [B] SpecDec++: Π_i P̂(draft i accepted) over this block's drafts
 
 
 @struct.dataclass
 class ModelDrafter:
-  """A model drafting one token per call, x_{j+1} ~ S(q_j) (its KV cache is the drafter state)."""
+  """A model drafting one token per call, x_{j+1} ~ S(q_j) (its KV cache is the drafter state).
+
+  With an acceptance `head` (SpecDec++, `models.acceptance_head`) it drafts a variable number of tokens:
+  after each draft x_i the head reads the hidden state at x_i and the row stops once the predicted
+  probability that some draft of the block is rejected, 1 − Π_i P̂(x_i accepted), exceeds
+  `stop_threshold` h (at least one draft, at most max_drafts; SpecDec++ Alg. 1). Only how many drafts
+  are made changes: the verification is the usual exact one.
+  """
   model: Model
+  head: Any = None
+  stop_threshold: Array | float = 1.0
+
+  @property
+  def variable_length(self) -> bool:
+    return self.head is not None
 
   @property
   def vocab_size(self) -> int:
@@ -116,12 +130,19 @@ class ModelDrafter:
       return (c.step <= max_drafts) & jnp.any(c.drafting)
 
     def body(c: _DraftCarry) -> _DraftCarry:
-      logits, cache = self.model.score(c.cache, c.token[:, None])
+      all_accepted = c.all_accepted
+      if self.head is None:
+        logits, cache = self.model.score(c.cache, c.token[:, None])
+      else:   # the call scores the block's latest draft (from step 1 on): the head judges it
+        logits, cache, hidden = self.model.score(c.cache, c.token[:, None], return_hidden=True)
+        all_accepted *= jnp.where(c.step > 0, self.head.probability(hidden[:, 0]), 1.0)
       q_raw_j, q_j = sampling.distributions(logits[:, 0])
       keep = c.drafting[:, None]
       q = c.q.at[:, c.step].set(jnp.where(keep, q_j, c.q[:, c.step]))
       q_raw = c.q_raw.at[:, c.step].set(jnp.where(keep, q_raw_j, c.q_raw[:, c.step]))
       go_on = c.drafting & (c.step < max_drafts)
+      if self.head is not None:
+        go_on &= 1.0 - all_accepted <= self.stop_threshold
       if keep_drafting is not None:
         go_on &= keep_drafting(q_raw_j)
       x = sampling_lib.sample(keys[c.step], q_j)
@@ -129,12 +150,14 @@ class ModelDrafter:
       tokens = c.tokens.at[:, slot].set(jnp.where(go_on, x, c.tokens[:, slot]))
       # Rows that stopped keep being scored (static batch) but the rollback after verification resets them.
       return _DraftCarry(step=c.step + 1, cache=cache, token=jnp.where(go_on, x, c.token), tokens=tokens,
-                         q=q, q_raw=q_raw, drafting=go_on, n_drafted=c.n_drafted + go_on)
+                         q=q, q_raw=q_raw, drafting=go_on, n_drafted=c.n_drafted + go_on,
+                         all_accepted=all_accepted)
 
     zeros = jnp.zeros((batch, max_drafts + 1, vocab), jnp.float32)
     start = _DraftCarry(step=jnp.int32(0), cache=state, token=last,
                         tokens=jnp.zeros((batch, max_drafts), jnp.int32), q=zeros, q_raw=zeros,
-                        drafting=jnp.ones((batch,), bool), n_drafted=jnp.zeros((batch,), jnp.int32))
+                        drafting=jnp.ones((batch,), bool), n_drafted=jnp.zeros((batch,), jnp.int32),
+                        all_accepted=jnp.ones((batch,), jnp.float32))
     end = jax.lax.while_loop(cond, body, start)
     return Draft(tokens=end.tokens, q=end.q, q_raw=end.q_raw, n_drafted=end.n_drafted, calls=end.n_drafted + 1,
                  state=end.cache)
@@ -164,17 +187,28 @@ class MaxGram:
   equals); the proposal copies what followed the match, continuing periodically when the match runs into
   the present. Without a match it follows `bigram` [V] (the most frequent next token of each token, from
   `bigram_table`), or repeats the pending token when there is no table.
+
+  `gate` > 0 drafts only where the text is being copied: a row whose longest match is shorter than `gate`
+  tokens drafts nothing this block (`n_drafted` 0: the verifier then makes one ordinary decode step), so
+  drafts are spent where they are likely to be accepted (prompt-lookup decoding's rule).
   """
   vocab_size: int = struct.field(pytree_node=False)
   min_match: int = struct.field(pytree_node=False, default=1)
   max_match: int = struct.field(pytree_node=False, default=8)
   bigram: Array | None = None
   max_length: int = struct.field(pytree_node=False, default=1 << 30)   # no network: any cache length
+  gate: int = struct.field(pytree_node=False, default=0)
 
   def __post_init__(self):
     if not 1 <= self.min_match <= self.max_match:
       raise ValueError(f"MaxGram needs 1 <= min_match <= max_match; got min_match={self.min_match}, "
                        f"max_match={self.max_match}")
+    if not 0 <= self.gate <= self.max_match:
+      raise ValueError(f"MaxGram gate must lie in [0, max_match={self.max_match}]; got {self.gate}")
+
+  @property
+  def variable_length(self) -> bool:
+    return self.gate > 0
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[MaxGramState, Array]:
     batch, width = prompts.shape
@@ -224,7 +258,10 @@ class MaxGram:
     q = jax.nn.one_hot(proposals, self.vocab_size, dtype=jnp.float32)
     written = history.at[rows[:, None], n[:, None] + jnp.arange(max_drafts)].set(proposals[:, :max_drafts],
                                                                                  mode="drop")
-    return Draft(tokens=proposals[:, :max_drafts], q=q, q_raw=q, n_drafted=jnp.full((batch,), max_drafts, jnp.int32),
+    n_drafted = jnp.full((batch,), max_drafts, jnp.int32)
+    if self.gate:
+      n_drafted = jnp.where(found & (match[rows, end] >= self.gate), n_drafted, 0)
+    return Draft(tokens=proposals[:, :max_drafts], q=q, q_raw=q, n_drafted=n_drafted,
                  calls=jnp.zeros((batch,), jnp.int32), state=state.replace(history=written))
 
 

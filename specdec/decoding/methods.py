@@ -167,3 +167,9 @@ register(Method("cs_drafting", decode=cs_drafting.cs_drafting, drafter="model", 
                                                          "the model drafts alone)", value, 0)),
     Param("lenience", 1.0, traced=True, used=lambda p: p["model_drafts"] != 0 and p["lower_gamma"] > 0,
           check=lambda value, params: checks.check_range("lenience", value, 1.0, math.inf, hi_closed=False)))))
+register(Method("specdec_pp", decode=speculative.specdec_pp, rank=lambda p: 2.07,
+                slack=lambda p: p["max_gamma"] + 1, params=(
+    Param("stop_threshold", 0.5, traced=True,
+          check=lambda value, params: checks.check_range("stop_threshold", value, 0.0, 1.0)),
+    Param("max_gamma", 8, traced=False, symbol="Γ",
+          check=lambda value, params: checks.check_count("max_gamma", value, 1)))))

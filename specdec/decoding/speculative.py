@@ -4,7 +4,8 @@ original BiLD (Kim et al.; cascades paper App. F.5), which shares its draft / ve
 One block: the drafter proposes γ drafts (`drafters.Drafter.propose`; a model makes γ+1 calls, the last
 giving q at the bonus position, which cascade targets T(q, p) need); the verifier scores
 [last, d_1 … d_γ] in ONE call; `verify.verify_block` accepts a prefix; the drafter and the verifier's
-cache roll back to the committed length (a length reset).
+cache roll back to the committed length (a length reset). A drafter marked `variable_length` drafts
+0 … γ tokens per row (`Draft.n_drafted`); the verifier then scores only the longest row's block.
 """
 
 from __future__ import annotations
@@ -73,12 +74,19 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
     key, key_draft, key_verify = jax.random.split(state.key, 3)
     drafted = drafter.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling)
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
-    logits, verifier_cache = verifier.score(state.verifier_cache, verify_in)
+    if getattr(drafter, "variable_length", False):
+      # Rows draft 0 … γ tokens: score only what the longest row needs (at batch 1, exactly its block).
+      logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in,
+                                                      jnp.where(done, 1, drafted.n_drafted + 1),
+                                                      tuple(range(1, gamma + 1)))
+    else:
+      logits, verifier_cache = verifier.score(state.verifier_cache, verify_in)
     p_raw, p = sampling.distributions(logits)
     pi = targets.target_distribution(rule, q=drafted.q, p=p, q_raw=drafted.q_raw, p_raw=p_raw, alpha=alpha)
-    if rule.startswith("lossy"):
-      pi = pi.at[:, gamma].set(p[:, gamma])
-    n_accepted, next_token = verify.verify_block(key_verify, drafted.tokens, drafted.q[:, :gamma], pi)
+    if rule.startswith("lossy"):   # the bonus token (after the row's last draft) from p
+      pi = jnp.where((jnp.arange(gamma + 1) >= drafted.n_drafted[:, None])[..., None], p, pi)
+    n_accepted, next_token = verify.verify_block(key_verify, drafted.tokens, drafted.q[:, :gamma], pi,
+                                                 drafted.n_drafted)
     if rule in targets.CASCADE_RULES:  # δ itself: at T = 0 a deferral to an agreeing p leaves π = q
       deferred = targets.deferral(rule, q_raw=drafted.q_raw, p_raw=p_raw, q=drafted.q, p=p, alpha=alpha)
     else:  # the verifier moved mass: π ≠ q beyond float noise (lossy_tuned's β* is a bisection)
@@ -133,3 +141,17 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,
                                  eos_id=eos_id, slack=gamma + 1)
   return output
+
+
+def specdec_pp(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
+               sampling: sampling_lib.Sampling, stop_threshold, max_gamma: int, max_new_tokens: int,
+               eos_id: int | None, cache_length: int) -> common.Output:
+  """SpecDec++ (Huang et al., Alg. 1): lossless SpecDecode whose drafter stops a block once its acceptance
+  head predicts P(some draft rejected) > h = `stop_threshold` (at most `max_gamma` drafts; the verifier
+  scores only the longest row's block). `drafter`: a `ModelDrafter` with a `head`."""
+  if getattr(drafter, "head", None) is None:
+    raise ValueError("method 'specdec_pp' needs a drafter with an acceptance head: "
+                     "decoding.ModelDrafter(model, head=training.load_head(export_directory))")
+  return speculative(key, drafter.replace(stop_threshold=stop_threshold), verifier, prompts, prompt_lengths,
+                     sampling=sampling, rule="spec", alpha=0.0, gamma=max_gamma, max_new_tokens=max_new_tokens,
+                     eos_id=eos_id, cache_length=cache_length)

@@ -52,7 +52,7 @@ from specdec.data.vocab import Vocabulary, load_vocabulary
 from specdec.decoding import common
 from specdec.evaluation import metrics
 from specdec.models.base import Model
-from specdec.training import checkpoint
+from specdec.training import acceptance, checkpoint
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -70,6 +70,9 @@ class ModelSource:
   seed: int = 0                    # preset only
   vocab_size: int | None = None    # preset only; None: the vocabulary's size
   max_length: int = 512            # preset only
+  # SpecDec++ (method specdec_pp): a directory holding an acceptance head (`acceptance_head/`); None: the
+  # model's own export directory, if it holds one.
+  head: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +279,17 @@ class Workload:
   batch_size: int
   latency_trials: int
   seed: int
+  drafter_head: Any = None      # the drafter's acceptance head (specdec_pp), if it has one
+
+
+def _head_directory(source: ModelSource) -> str | None:
+  directory = source.head or source.path
+  if directory and os.path.exists(os.path.join(directory, acceptance.HEAD_DIRECTORY)):
+    return directory
+  if source.head is not None:
+    raise ValueError(f"drafter head {source.head!r} holds no {acceptance.HEAD_DIRECTORY}/ (SpecDec++'s "
+                     "acceptance head; scripts/train_acceptance_head.py)")
+  return None
 
 
 def _load_model(source: ModelSource, vocab: Vocabulary) -> Model:
@@ -309,7 +323,8 @@ def load_workload(experiment: Experiment) -> Workload:
       references=[split.records[i][task.target_field] for i in rows], latency_rows=latency_rows,
       max_new_tokens=experiment.max_new_tokens or task.max_target_tokens,
       batch_size=min(experiment.batch_size, experiment.n_examples),
-      latency_trials=experiment.latency_trials, seed=experiment.seed)
+      latency_trials=experiment.latency_trials, seed=experiment.seed,
+      drafter_head=acceptance.load_head(head) if (head := _head_directory(experiment.drafter)) else None)
 
 
 def check_fits(points: Sequence[Point], workload: Workload) -> None:
@@ -333,6 +348,8 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
 
 def _decode(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray) -> decoding.Output:
   drafter = workload.drafter if point.model == "pair" else None
+  if point.method == "specdec_pp":   # generate says so if the drafter has no head
+    drafter = decoding.ModelDrafter(workload.drafter, head=workload.drafter_head)
   verifier = workload.drafter if point.model == "drafter" else workload.verifier
   return decoding.generate(key, drafter, verifier, workload.prompts[rows], workload.prompt_lengths[rows],
                            method=point.method, temperature=point.temperature, top_p=point.top_p,
@@ -410,13 +427,18 @@ def _digest(value: Any) -> str:
   return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=8)
-def _directory_digest(path: str) -> str:
+def _files_digest(root: pathlib.Path, skip: str | None = None) -> str:
+  """Names and contents of the files under `root` (none inside a folder named `skip`)."""
   digest = hashlib.sha256()
-  root = pathlib.Path(path)
-  for file in sorted(p for p in root.rglob("*") if p.is_file()):
+  for file in sorted(p for p in root.rglob("*") if p.is_file() and skip not in p.relative_to(root).parts):
     digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
   return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=8)
+def _directory_digest(path: str) -> str:
+  """The model's files; an acceptance head kept in the directory has its own entry in the context."""
+  return _files_digest(pathlib.Path(path), skip=acceptance.HEAD_DIRECTORY)
 
 
 def _model_identity(source: ModelSource, model: Model) -> dict[str, Any]:
@@ -431,7 +453,10 @@ def context(experiment: Experiment, workload: Workload) -> dict[str, Any]:
   seed), the examples (a digest of prompts and references) and the run settings."""
   data = hashlib.sha256(workload.prompts.tobytes() + workload.prompt_lengths.tobytes()
                         + json.dumps(workload.references).encode()).hexdigest()[:16]
-  return {"drafter": _model_identity(experiment.drafter, workload.drafter),
+  head = _head_directory(experiment.drafter)
+  # Only present with a head, so that results recorded before heads existed keep their hashes.
+  with_head = {} if head is None else {"drafter_head": _files_digest(pathlib.Path(head, acceptance.HEAD_DIRECTORY))}
+  return {**with_head, "drafter": _model_identity(experiment.drafter, workload.drafter),
           "verifier": _model_identity(experiment.verifier, workload.verifier),
           "task": experiment.task, "split": experiment.split, "data": data,
           "n_examples": experiment.n_examples, "batch_size": workload.batch_size,

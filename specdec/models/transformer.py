@@ -188,12 +188,14 @@ class TransformerLM:
   def max_length(self) -> int:
     return self.config.max_len
 
-  def logits(self, tokens: Array) -> Array:
-    """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1."""
+  def logits(self, tokens: Array, *, return_hidden: bool = False) -> Array | tuple[Array, Array]:
+    """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1 (and with `return_hidden`
+    the last hidden states [B, L, E], what SpecDec++'s acceptance head reads)."""
     b, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-    logits, _, _ = Transformer(self.config).apply({"params": self.params}, tokens, positions, _causal(b, length))
-    return logits
+    logits, _, hidden = Transformer(self.config).apply({"params": self.params}, tokens, positions,
+                                                       _causal(b, length))
+    return (logits, hidden) if return_hidden else logits
 
   def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
     """An empty cache: keys, values [layers, B, heads, cache_length, head_dim], lengths [B] = 0.
