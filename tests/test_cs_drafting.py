@@ -124,7 +124,7 @@ def test_greedy_cs_drafting_equals_the_verifiers_greedy(batch, cascade):
 def test_cs_drafting_sampling_keeps_the_verifiers_sequence_law(cascade):
   """V = 4, 3 new tokens at T = 1: the output law must be Π_t p_t of the verifier alone (chi-square),
   whatever lenience does to the drafts."""
-  vocab, n_new, samples = 4, 3, 100_000
+  vocab, n_new, samples = 4, 3, 60_000
   verifier, drafter = PositionalTrigram.random(2, vocab), PositionalTrigram.random(3, vocab)
   prompt = [1, 2, 1]
   seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
@@ -174,3 +174,20 @@ def test_bad_cascade_arguments_are_refused():
   with pytest.raises(ValueError, match="BiLD"):
     decoding.generate(jax.random.PRNGKey(0), decoding.VerticalCascade(verifier, decoding.MaxGram(12)), verifier,
                       prompts, method="bild", max_new_tokens=4)
+
+
+def test_a_three_level_vertical_cascade_keeps_the_verifiers_greedy_output():
+  """verifier ← model A ← (model B ← Max-Gram): the recursion of CSD's Alg. 1, through the Drafter protocol."""
+  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=128)
+  middle, bottom = (models.build("tiny", vocab_size=12, seed=s, max_length=128) for s in (5, 6))
+  rng = np.random.default_rng(7)
+  prompts = jnp.asarray(np.tile(rng.integers(0, 12, (4, 4)), (1, 3)), jnp.int32)
+  lengths = jnp.asarray(rng.integers(5, 13, 4), jnp.int32)
+  kw = dict(temperature=0.0, max_new_tokens=16, eos_id=None)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive", **kw)
+  lower = decoding.VerticalCascade(bottom, decoding.MaxGram(12), lower_gamma=2)
+  cascade = decoding.VerticalCascade(middle, lower, lower_gamma=3)
+  assert cascade.slack == 3 + 1 + lower.slack
+  got = decoding.generate(jax.random.PRNGKey(0), cascade, verifier, prompts, lengths, method="speculative",
+                          gamma=4, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)

@@ -133,3 +133,30 @@ def test_a_trained_head_beats_the_constant_prediction_and_round_trips(tmp_path):
     acceptance.save_head(str(tmp_path), head)
   with pytest.raises(FileNotFoundError, match="acceptance head"):
     acceptance.load_head(str(tmp_path / "nothing"))
+
+
+def test_a_sweep_runs_specdec_pp_with_the_drafters_head(tmp_path):
+  """The smoke sweep's tiny pair, with a head given by drafter/ModelSource.head: one record per threshold,
+  the head in the run context (so a new head reruns the points); without a head the sweep says so."""
+  import gin
+  from specdec.evaluation import sweep
+  drafter = models.build("tiny", vocab_size=8192, seed=1)
+  acceptance.save_head(str(tmp_path / "head"), _head(drafter, seed=1))
+  bindings = ["Experiment.families = [@specdec_pp/Family()]", "specdec_pp/Family.params = "
+              "{'stop_threshold': [0.2, 0.8], 'max_gamma': [3]}", "Experiment.n_latency_examples = 1"]
+
+  def parse(output, *extra):
+    gin.clear_config()
+    try:
+      return sweep.parse_gin(["configs/experiments/smoke.gin"], [f"Experiment.output = '{output}'", *bindings,
+                                                                 *extra])
+    finally:
+      gin.clear_config()
+
+  experiment = parse(tmp_path / "with.jsonl", f"drafter/ModelSource.head = '{tmp_path / 'head'}'")
+  records = sweep.run(experiment, progress=False)
+  pp = [r for r in records if r["point"]["method"] == "specdec_pp"]
+  assert len(pp) == 2 and all(r["counters"]["drafted"] > 0 for r in pp)
+  assert "drafter_head" in sweep.context(experiment, sweep.load_workload(experiment))
+  with pytest.raises(ValueError, match="acceptance head"):
+    sweep.run(parse(tmp_path / "without.jsonl"), progress=False)
