@@ -63,3 +63,24 @@ def random_distributions(rng: np.random.Generator, shape, *, sparsity: float = 0
   idx = np.argmax(rng.random(shape), axis=-1)
   np.put_along_axis(x, idx[..., None], np.maximum(np.take_along_axis(x, idx[..., None], -1), 0.1), -1)
   return (x / x.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def sequence_law(model, prompt, n_new: int) -> np.ndarray:
+  """The law of the n_new tokens a model samples after `prompt` at T = 1, by enumeration over all V^n_new
+  continuations (teacher-forced `model.logits`): [V^n_new], indexed by `sequence_codes`."""
+  import itertools
+
+  import jax
+  import jax.numpy as jnp
+  vocab, n = model.vocab_size, len(prompt)
+  seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
+  full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), n)), seqs], 1))
+  p = np.asarray(jax.nn.softmax(model.logits(full)[:, n - 1:n - 1 + n_new]), np.float64)
+  law = np.take_along_axis(p, seqs[:, :, None], -1)[..., 0].prod(1)
+  return law / law.sum()
+
+
+def sequence_codes(tokens, vocab_size: int) -> np.ndarray:
+  """Rows of tokens [N, n] as integers in [0, V^n) (the order of `sequence_law`)."""
+  tokens = np.asarray(tokens)
+  return (tokens * vocab_size ** np.arange(tokens.shape[1] - 1, -1, -1)).sum(1)

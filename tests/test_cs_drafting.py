@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec import decoding, models, sampling, targets, verify
-from tests.stats import assert_law, random_distributions
+from tests.stats import assert_law, random_distributions, sequence_codes, sequence_law
 from tests.toy_models import PositionalTrigram
 
 
@@ -127,15 +127,11 @@ def test_cs_drafting_sampling_keeps_the_verifiers_sequence_law(cascade):
   vocab, n_new, samples = 4, 3, 60_000
   verifier, drafter = PositionalTrigram.random(2, vocab), PositionalTrigram.random(3, vocab)
   prompt = [1, 2, 1]
-  seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
-  full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), 3)), seqs], 1))
-  p = np.asarray(jax.nn.softmax(verifier.logits(full)[:, 2:2 + n_new]))
-  law = np.take_along_axis(p, seqs[:, :, None], -1)[..., 0].prod(1)
   prompts = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (samples, 3))
   out = decoding.generate(jax.random.PRNGKey(3), drafter, verifier, prompts, method="cs_drafting", gamma=2,
                           temperature=1.0, max_new_tokens=n_new, eos_id=None, **cascade)
-  codes = (np.asarray(out.tokens) * vocab ** np.arange(n_new - 1, -1, -1)).sum(1)
-  assert_law(codes, law / law.sum(), what=f"cs_drafting {cascade}")
+  assert_law(sequence_codes(out.tokens, vocab), sequence_law(verifier, prompt, n_new),
+             what=f"cs_drafting {cascade}")
   assert 0 < np.asarray(out.stats.rejected).sum() < np.asarray(out.stats.verifier_calls).sum()
 
 

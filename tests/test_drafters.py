@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specdec import decoding, models, sampling
-from tests.stats import assert_law
+from tests.stats import assert_law, sequence_codes, sequence_law
 from tests.toy_models import PositionalTrigram
 
 
@@ -61,19 +61,13 @@ def test_greedy_speculative_with_max_gram_equals_the_verifiers_greedy(gamma):
 
 def test_speculative_sampling_with_max_gram_keeps_the_verifiers_sequence_law():
   """V = 4, 3 new tokens: the output law must be Π_t p_t (the verifier sampling alone), by chi-square."""
-  import itertools
   vocab, n_new, samples = 4, 3, 100_000
   verifier = PositionalTrigram.random(2, vocab)
   prompt = [1, 2, 1]
-  seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
-  full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), 3)), seqs], 1))
-  p = np.asarray(jax.nn.softmax(verifier.logits(full)[:, 2:2 + n_new]))
-  law = np.take_along_axis(p, seqs[:, :, None], -1)[..., 0].prod(1)
   prompts = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (samples, 3))
   out = decoding.generate(jax.random.PRNGKey(3), decoding.MaxGram(vocab_size=vocab), verifier, prompts,
                           method="speculative", gamma=2, temperature=1.0, max_new_tokens=n_new, eos_id=None)
-  codes = (np.asarray(out.tokens) * vocab ** np.arange(n_new - 1, -1, -1)).sum(1)
-  assert_law(codes, law / law.sum(), what="speculative/MaxGram")
+  assert_law(sequence_codes(out.tokens, vocab), sequence_law(verifier, prompt, n_new), what="speculative/MaxGram")
   # Some blocks were accepted whole, others rejected: both branches of the acceptance test ran.
   assert 0 < np.asarray(out.stats.rejected).sum() < np.asarray(out.stats.verifier_calls).sum()
 
@@ -89,37 +83,32 @@ def test_gated_max_gram_drafts_only_where_the_text_repeats():
     decoding.MaxGram(vocab_size=10, gate=9)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_speculative_with_gated_max_gram_keeps_the_verifiers_output(temperature):
-  """Rows draft 0 or γ tokens (the verifier scores the longest row's block): greedy equals the verifier's
-  greedy at B = 8; at T = 1 the sequence law is the verifier's (V = 4, 3 tokens, chi-square)."""
-  if temperature == 0.0:
-    verifier = models.build("tiny", vocab_size=12, seed=4, max_length=96)
-    rng = np.random.default_rng(0)
-    prompts = np.tile(rng.integers(0, 12, (8, 4)), (1, 3))
-    prompts[::2] = rng.integers(0, 12, (4, 12))                         # half the rows do not repeat
-    lengths = jnp.asarray(rng.integers(5, 13, 8), jnp.int32)
-    kw = dict(temperature=0.0, max_new_tokens=16, eos_id=None)
-    want = decoding.generate(jax.random.PRNGKey(0), None, verifier, jnp.asarray(prompts), lengths,
-                             method="autoregressive", **kw)
-    got = decoding.generate(jax.random.PRNGKey(0), decoding.MaxGram(vocab_size=12, gate=2), verifier,
-                            jnp.asarray(prompts), lengths, method="speculative", gamma=4, **kw)
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    drafted = np.asarray(got.stats.drafted)
-    assert np.all(drafted % 4 == 0) and np.any(drafted < 4 * np.asarray(got.stats.verifier_calls))
-    return
-  import itertools
+def test_greedy_speculative_with_gated_max_gram_equals_the_verifiers_greedy():
+  """Rows draft 0 or γ tokens (the verifier scores the longest row's block), B = 8, half the rows repeating."""
+  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=96)
+  rng = np.random.default_rng(0)
+  prompts = np.tile(rng.integers(0, 12, (8, 4)), (1, 3))
+  prompts[::2] = rng.integers(0, 12, (4, 12))                           # half the rows do not repeat
+  lengths = jnp.asarray(rng.integers(5, 13, 8), jnp.int32)
+  kw = dict(temperature=0.0, max_new_tokens=16, eos_id=None)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, jnp.asarray(prompts), lengths,
+                           method="autoregressive", **kw)
+  got = decoding.generate(jax.random.PRNGKey(0), decoding.MaxGram(vocab_size=12, gate=2), verifier,
+                          jnp.asarray(prompts), lengths, method="speculative", gamma=4, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  drafted = np.asarray(got.stats.drafted)
+  assert np.all(drafted % 4 == 0) and np.any(drafted < 4 * np.asarray(got.stats.verifier_calls))
+
+
+def test_speculative_sampling_with_gated_max_gram_keeps_the_verifiers_sequence_law():
+  """V = 4, 3 tokens, T = 1: the verifier's sequence law (chi-square) with blocks of 0 or γ drafts."""
   vocab, n_new, samples = 4, 3, 100_000
   verifier = PositionalTrigram.random(2, vocab)
   prompt = [1, 2, 1, 3, 0]
-  seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
-  full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), 5)), seqs], 1))
-  p = np.asarray(jax.nn.softmax(verifier.logits(full)[:, 4:4 + n_new]))
-  law = np.take_along_axis(p, seqs[:, :, None], -1)[..., 0].prod(1)
   prompts = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (samples, 5))
   out = decoding.generate(jax.random.PRNGKey(4), decoding.MaxGram(vocab_size=vocab, gate=2), verifier, prompts,
                           method="speculative", gamma=2, temperature=1.0, max_new_tokens=n_new, eos_id=None)
-  codes = (np.asarray(out.tokens) * vocab ** np.arange(n_new - 1, -1, -1)).sum(1)
-  assert_law(codes, law / law.sum(), what="speculative/gated MaxGram")
+  assert_law(sequence_codes(out.tokens, vocab), sequence_law(verifier, prompt, n_new),
+             what="speculative/gated MaxGram")
   drafted, calls = np.asarray(out.stats.drafted), np.asarray(out.stats.verifier_calls)
   assert 0 < drafted.sum() < 2 * calls.sum()                           # some blocks drafted, some did not

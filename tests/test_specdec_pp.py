@@ -3,7 +3,6 @@ ragged; T = 1: the verifier's sequence law, by chi-square) for any head, random 
 decides the draft lengths; labels are the exact acceptance probabilities; a trained head beats the
 constant prediction on held-out positions; export round trip."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,7 @@ from specdec import decoding, models, sampling
 from specdec.data import tasks
 from specdec.models.acceptance_head import AcceptanceHead, HeadConfig, init_head
 from specdec.training import acceptance
-from tests.stats import assert_law
+from tests.stats import assert_law, sequence_codes, sequence_law
 
 
 def _pair(vocab, max_length=96):
@@ -51,16 +50,11 @@ def test_specdec_pp_sampling_keeps_the_verifiers_sequence_law():
   vocab, n_new, samples = 4, 3, 60_000
   drafter, verifier = _pair(vocab, max_length=16)
   prompt = [1, 2, 1]
-  seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
-  full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), 3)), seqs], 1))
-  p = np.asarray(jax.nn.softmax(verifier.logits(full)[:, 2:2 + n_new]))
-  law = np.take_along_axis(p, seqs[:, :, None], -1)[..., 0].prod(1)
   prompts = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (samples, 3))
   headed = decoding.ModelDrafter(drafter, head=_head(drafter, seed=3, depth=0))
   out = decoding.generate(jax.random.PRNGKey(3), headed, verifier, prompts, method="specdec_pp",
                           stop_threshold=0.5, max_gamma=3, temperature=1.0, max_new_tokens=n_new, eos_id=None)
-  codes = (np.asarray(out.tokens) * vocab ** np.arange(n_new - 1, -1, -1)).sum(1)
-  assert_law(codes, law / law.sum(), what="specdec_pp")
+  assert_law(sequence_codes(out.tokens, vocab), sequence_law(verifier, prompt, n_new), what="specdec_pp")
   assert len(np.unique(np.asarray(out.stats.drafted))) > 2           # blocks of different lengths occurred
 
 
