@@ -3,7 +3,8 @@
   python scripts/plot.py --results=outputs/table2_synopsis/results.jsonl [--out_dir=DIR]
 
 Writes pareto.png (quality vs latency relative to the large model, Figure 4 style), rejection.png
-(quality vs rejection rate, Figure 3 style) and table.md (Table 2) to DIR, by default the results' folder.
+(quality vs rejection rate, Figure 3 style) and table.md (Table 2) to DIR, by default the results' folder;
+with multi-draft runs (spectr, specinfer) also multi_draft.md, SpecTr's Table 2 layout.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
   parser.add_argument("--out_dir", default=None, help="where to write the figures and table.md")
   args = parser.parse_args(argv)
   paths = pareto.report(args.results, args.out_dir or os.path.dirname(os.path.abspath(args.results)))
-  with open(paths["table.md"]) as f:
-    print(f.read())
+  for table in ("table.md", "multi_draft.md"):
+    if table in paths:
+      with open(paths[table]) as f:
+        print(f.read())
   print("wrote " + ", ".join(paths.values()))
   return paths
 

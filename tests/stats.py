@@ -65,17 +65,19 @@ def random_distributions(rng: np.random.Generator, shape, *, sparsity: float = 0
   return (x / x.sum(-1, keepdims=True)).astype(np.float32)
 
 
-def sequence_law(model, prompt, n_new: int) -> np.ndarray:
-  """The law of the n_new tokens a model samples after `prompt` at T = 1, by enumeration over all V^n_new
-  continuations (teacher-forced `model.logits`): [V^n_new], indexed by `sequence_codes`."""
+def sequence_law(model, prompt, n_new: int, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
+  """The law of the n_new tokens a model samples after `prompt` (S(·) at `temperature`, `top_p`), by
+  enumeration over all V^n_new continuations (teacher-forced `model.logits`): [V^n_new], indexed by
+  `sequence_codes`."""
   import itertools
 
-  import jax
   import jax.numpy as jnp
+
+  from specdec import sampling
   vocab, n = model.vocab_size, len(prompt)
   seqs = np.array(list(itertools.product(range(vocab), repeat=n_new)))
   full = jnp.asarray(np.concatenate([np.broadcast_to(prompt, (len(seqs), n)), seqs], 1))
-  p = np.asarray(jax.nn.softmax(model.logits(full)[:, n - 1:n - 1 + n_new]), np.float64)
+  p = np.asarray(sampling.transform(model.logits(full)[:, n - 1:n - 1 + n_new], temperature, top_p), np.float64)
   law = np.take_along_axis(p, seqs[:, :, None], -1)[..., 0].prod(1)
   return law / law.sum()
 

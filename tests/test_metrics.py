@@ -69,12 +69,14 @@ def test_log_likelihood_needs_a_prompt_token():
 
 
 def test_cost_metrics_sum_counters_over_examples_first():
-  stats = Stats(drafter_calls=jnp.array([14, 8]), verifier_calls=jnp.array([4, 2]), drafted=jnp.array([10, 5]),
+  stats = Stats(drafter_calls=jnp.array([14, 8]), verifier_calls=jnp.array([4, 2]),
+                verifier_positions=jnp.array([24, 12]), drafted=jnp.array([10, 5]),
                 accepted=jnp.array([8, 4]), rejected=jnp.array([2, 1]), deferred=jnp.array([3, 0]),
                 generated=jnp.array([12, 8]))
   assert metrics.cost_metrics(stats) == pytest.approx({
       "rejection_rate": 3 / 15, "deferral_rate": 3 / 20, "tokens_per_verifier_call": 20 / 6,
-      "drafter_calls_per_token": 22 / 20, "verifier_calls_per_token": 6 / 20})
+      "drafter_calls_per_token": 22 / 20, "verifier_calls_per_token": 6 / 20,
+      "verifier_positions_per_token": 36 / 20})
 
 
 def test_cost_metrics_of_a_model_alone_leave_undefined_rates_out():

@@ -102,3 +102,22 @@ def test_plot_script_renders_figures_and_table_from_a_results_file(tmp_path):
   # T = 1: Large 20.0; Token matches it at 0.85 (1.18×) with 21.5 its best within latency 1.
   assert "| SpecCascade [Token] | 1.18× (α=0.1, latency 0.85) | 21.50 (α=0.1, latency 0.85) |" in table
   assert table.count("### debian_synopsis") == 2
+
+
+def test_multi_draft_table_has_spectrs_layout():
+  def run(family, method, k, gamma, tokens_per_call, latency):
+    record = _record(family, 20.0, latency, method=method, rule=None if method != "speculative" else "spec",
+                     alpha=None, gamma=gamma)
+    record["point"]["num_drafts"] = k
+    record["costs"] = {"tokens_per_verifier_call": tokens_per_call,
+                       "verifier_positions_per_token": (1 + (k or 1) * gamma) / tokens_per_call}
+    return record
+  records = [_large(20.0), run("SpecDecode", "speculative", None, 4, 2.0, 0.8),
+             *[run("SpecTr", "spectr", k, 4, t, lat) for k, t, lat in [(2, 2.2, 0.88), (4, 2.5, 1.0)]],
+             run("SpecInfer", "specinfer", 4, 4, 2.4, 0.96)]
+  table = pareto.multi_draft_markdown(records)
+  assert "| method | L | K=1 | K=2 | K=4 |" in table
+  assert "| SpecDecode | 4 | 2.00 · 1.00× · 2.5 | — | — |" in table
+  assert "| SpecTr | 4 | 2.00 · 1.00× · 2.5 | 2.20 · 1.10× · 4.1 | 2.50 · 1.25× · 6.8 |" in table
+  assert "| SpecInfer | 4 | 2.00 · 1.00× · 2.5 | — | 2.40 · 1.20× · 7.1 |" in table
+  assert pareto.multi_draft_markdown([_large(20.0), run("SpecDecode", "speculative", None, 4, 2.0, 0.8)]) == ""

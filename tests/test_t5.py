@@ -331,6 +331,21 @@ def test_greedy_speculative_equals_verifier_greedy():
   assert ambiguous <= 1 and rejected > 0
 
 
+@pytest.mark.parametrize("method", ["spectr", "specinfer"])
+def test_greedy_multi_draft_equals_verifier_greedy(method):
+  """K = 3 drafts of γ = 3 on a token tree, 4 ragged prompts, against the verifier's greedy decoding."""
+  drafter, verifier = _pair(V)
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(1, 41, size=4).astype(np.int32)
+  prompts = np.where(np.arange(40) < lengths[:, None], rng.integers(2, V, size=(4, 40)), 0).astype(np.int32)
+  kw = dict(temperature=0.0, max_new_tokens=N_NEW, eos_id=None)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive", **kw)
+  got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method=method, num_drafts=3,
+                          gamma=3, **kw)
+  assert _assert_same_greedy(got.tokens, want.tokens, verifier, prompts, lengths) <= 1
+  assert int(np.asarray(got.stats.rejected).sum()) > 0
+
+
 def test_mixed_encoder_decoder_and_decoder_only_pair_raises():
   # shapes only: the check comes before any computation
   drafter = jax.eval_shape(lambda: t5.build("t5_tiny", vocab_size=V, max_length=32))
@@ -346,10 +361,13 @@ LAW_PROMPT, LAW_LENGTH = np.array([1, 2, 3, 0], np.int32), 3
 
 
 @pytest.mark.parametrize("method, rule, alpha, gamma", [
-    ("autoregressive", "spec", 0.0, 1), ("speculative", "spec", 0.0, 3), ("speculative", "chow", 0.3, 2)])
+    ("autoregressive", "spec", 0.0, 1), ("speculative", "spec", 0.0, 3), ("speculative", "chow", 0.3, 2),
+    ("specinfer", "spec", 0.0, 2)])
 def test_sequence_law_matches_enumeration(method, rule, alpha, gamma):
   """P(x_1 x_2 x_3) over all V^3 continuations from teacher-forced logits (T = 1, top-P 0.9): p for
-  autoregressive, the Alg. 4 law of π = T(q, p) per position for speculative decoding."""
+  autoregressive and the lossless methods (specinfer: 4 drafts on a token tree, which T5's relative
+  position biases must see as siblings), the Alg. 4 law of π = T(q, p) per position for speculative
+  decoding."""
   temperature, top_p = 1.0, 0.9
   drafter, verifier = _pair(LAW_V, logit_scale=2.0)
   seqs = np.array(list(itertools.product(range(LAW_V), repeat=LAW_NEW)))
@@ -358,7 +376,7 @@ def test_sequence_law_matches_enumeration(method, rule, alpha, gamma):
   lengths = jnp.full((len(seqs),), LAW_LENGTH)
   lq, lp = _logits(drafter, decoder, encoder, lengths), _logits(verifier, decoder, encoder, lengths)
   q, p = sampling.transform(lq, temperature, top_p), sampling.transform(lp, temperature, top_p)
-  if method == "autoregressive":
+  if method in ("autoregressive", "specinfer"):
     law = p
   else:
     pi = targets.target_distribution(rule, q=q, p=p, q_raw=jax.nn.softmax(lq), p_raw=jax.nn.softmax(lp),
@@ -374,5 +392,5 @@ def test_sequence_law_matches_enumeration(method, rule, alpha, gamma):
   np.testing.assert_array_equal(out.lengths, LAW_NEW)
   codes = np.asarray(out.tokens) @ LAW_V ** np.arange(LAW_NEW - 1, -1, -1)
   assert_law(codes, probs / probs.sum(), what=f"{method}/{rule}")
-  if method == "speculative":
+  if method != "autoregressive":
     assert 0 < np.asarray(out.stats.rejected).mean()

@@ -1,7 +1,8 @@
 """A tiny model behind the `specdec.models.base` interface, for exact law tests of the decode loops.
 
 Its logits after position t depend on (t, x_{t−1}, x_t) through a random table, and it keeps a real
-token cache, so a wrong rollback (a stale draft read back) or an off-by-one position changes its output.
+token cache, so a wrong rollback (a stale draft read back), an off-by-one position or a wrongly kept tree path
+changes its output.
 """
 
 from __future__ import annotations
@@ -38,11 +39,24 @@ class PositionalTrigram:
     return Cache(kv=jnp.zeros((batch_size, cache_length), jnp.int32),
                  lengths=jnp.zeros((batch_size,), jnp.int32))
 
-  def score(self, cache, tokens):
+  def score(self, cache, tokens, *, positions=None, tree_mask=None):
+    """As `base.Model.score`, token trees included: a token's previous token is its parent in the tree (the
+    visible new token one position before it), else the cached token before the row's length."""
     batch, n = tokens.shape
-    positions = cache.lengths[:, None] + jnp.arange(n)
+    slots = cache.lengths[:, None] + jnp.arange(n)
+    positions = slots if positions is None else positions
+    if tree_mask is None:
+      tree_mask = jnp.tril(jnp.ones((n, n), bool))
     rows = jnp.arange(batch)[:, None]
-    written = cache.kv.at[rows, positions].set(tokens, mode="drop")
-    previous = jnp.where(positions > 0, written[rows, jnp.maximum(positions - 1, 0)], 0)
+    is_parent = tree_mask & (positions[:, None, :] == positions[:, :, None] - 1)          # [B, n, n]
+    parent_token = jnp.sum(jnp.where(is_parent, tokens[:, None, :], 0), axis=-1)
+    before = jnp.where(cache.lengths > 0, cache.kv[rows[:, 0], jnp.maximum(cache.lengths - 1, 0)], 0)
+    previous = jnp.where(jnp.any(is_parent, axis=-1), parent_token, before[:, None])
     logits = self.table[jnp.minimum(positions, self.max_length - 1), previous, tokens]
+    written = cache.kv.at[rows, slots].set(tokens, mode="drop")
     return logits, Cache(kv=written, lengths=cache.lengths + n)
+
+  def copy_slots(self, cache, source_rows, source_slots, target_slots):
+    rows = jnp.arange(cache.lengths.shape[0])[:, None]
+    return cache.replace(kv=cache.kv.at[rows, target_slots].set(cache.kv[source_rows[:, None], source_slots],
+                                                                mode="drop"))

@@ -102,6 +102,10 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
     specdec_pp      stop_threshold [0.5], max_gamma [8]: SpecDec++ (lossless): the drafter, a
                     `ModelDrafter(model, head=…)`, stops a block once its acceptance head predicts
                     P(some draft rejected) > stop_threshold.
+    spectr          num_drafts [4], gamma [5]: SpecTr (lossless): K i.i.d. drafts of γ tokens, their token
+                    tree scored in one verifier call, DraftSelection with K-SEQ (`multi_draft`).
+    specinfer       num_drafts [4], gamma [5]: the same block verified by SpecInfer's iterative
+                    speculative sampling over the tree.
   Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
   temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild). Rows
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).

@@ -45,7 +45,7 @@ def autoregressive(key: Array, model: Model, prompts: Array, prompt_lengths: Arr
       log_confidence += jnp.where(~done & ~failed, log_max, 0.0)
     return (_State(key=key, cache=cache, last=token, log_confidence=log_confidence),
             common.Emission(block=token[:, None], count=jnp.ones((batch,), jnp.int32), failed=failed,
-                            counters={calls: 1}))
+                            counters={calls: 1, "verifier_positions": int(calls == "verifier_calls")}))
 
   start = _State(key=key, cache=cache, last=last, log_confidence=jnp.zeros((batch,), jnp.float32))
   output, end = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,

@@ -60,7 +60,7 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
     return new_state, common.Emission(
         block=token[:, None], count=jnp.ones((batch,), jnp.int32),
         failed=common.has_nan(q_logits) | common.has_nan(p_logits),
-        counters=dict(drafter_calls=1, verifier_calls=1), deferred=deferred[:, None])
+        counters=dict(drafter_calls=1, verifier_calls=1, verifier_positions=1), deferred=deferred[:, None])
 
   start = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
@@ -120,7 +120,9 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
         last=jnp.where(live, token, state.last), pending=pending,
         n_pending=jnp.where(synced, 0, state.n_pending + live), run=jnp.where(defers, 0, state.run + live))
     return new_state, common.Emission(block=token[:, None], count=jnp.ones((batch,), jnp.int32), failed=failed,
-                                      counters=dict(drafter_calls=1, verifier_calls=defers),
+                                      counters=dict(drafter_calls=1, verifier_calls=defers, verifier_positions=defers
+                                                    * common.covering_width(state.n_pending + 1, _CATCH_UP_WIDTHS,
+                                                                            MAX_DRAFTER_RUN + 1)),
                                       deferred=defers[:, None])
 
   pair = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
@@ -162,6 +164,7 @@ def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   tokens = jnp.where(defers[:, None], verified.tokens, drafted.tokens)
   lengths = jnp.where(defers, verified.lengths, drafted.lengths)
   stats = drafted.stats.replace(verifier_calls=verified.stats.verifier_calls,
+                                verifier_positions=verified.stats.verifier_positions,
                                 deferred=jnp.where(defers, verified.lengths, 0), generated=lengths)
   return common.Output(tokens=tokens, lengths=lengths, stats=stats,
                        failed=drafted.failed | (defers & verified.failed))

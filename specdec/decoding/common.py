@@ -26,7 +26,8 @@ from specdec.models.base import Model
 
 Array = jax.Array
 
-STAT_NAMES = ("drafter_calls", "verifier_calls", "drafted", "accepted", "rejected", "deferred", "generated")
+STAT_NAMES = ("drafter_calls", "verifier_calls", "verifier_positions", "drafted", "accepted", "rejected", "deferred",
+              "generated")
 
 
 @struct.dataclass
@@ -35,6 +36,8 @@ class Stats:
   along in a batched call it did not need, e.g. a TokenCascade catch-up, is not charged).
 
   drafter_calls, verifier_calls  serial model calls;
+  verifier_positions             positions the verifier's calls scored (a call's width: γ+1 for a block,
+                                 1 + K·γ tree slots for K drafts), the compute the verifier spent;
   drafted, accepted              draft tokens proposed to the verifier's acceptance test and accepted by
                                  it (speculative methods, BiLD); 0 for the sequential cascades, whose tokens
                                  are never tested: each is the drafter's or, where `deferred`, the verifier's;
@@ -44,6 +47,7 @@ class Stats:
   """
   drafter_calls: Array
   verifier_calls: Array
+  verifier_positions: Array
   drafted: Array
   accepted: Array
   rejected: Array
@@ -177,7 +181,7 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   paying for the maximum.
   """
   full = tokens.shape[1]
-  sizes = sorted({w for w in widths if w < full} | {full})
+  sizes = _sizes(widths, full)
 
   def branch(width):
     def score(cache):
@@ -187,6 +191,17 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
 
   index = jnp.searchsorted(jnp.asarray(sizes), jnp.max(needed))
   return jax.lax.switch(index, [branch(w) for w in sizes], cache)
+
+
+def covering_width(needed: Array, widths: tuple[int, ...], full: int) -> Array:
+  """Per row [B]: the width `score_prefix` would pick for that row alone (what the row is charged in
+  `Stats.verifier_positions`, so a row's counters do not depend on the rows batched with it)."""
+  sizes = jnp.asarray(_sizes(widths, full))
+  return sizes[jnp.searchsorted(sizes, needed)]
+
+
+def _sizes(widths: tuple[int, ...], full: int) -> list[int]:
+  return sorted({w for w in widths if w < full} | {full})
 
 
 def finish(emitted: Emitted, stats: Stats, max_new_tokens: int) -> Output:

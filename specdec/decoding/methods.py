@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from specdec import checks, targets
-from specdec.decoding import cascades, cs_drafting, speculative
+from specdec.decoding import cascades, cs_drafting, multi_draft, speculative
 from specdec.decoding.autoregressive import autoregressive
 
 
@@ -173,3 +173,16 @@ register(Method("specdec_pp", decode=speculative.specdec_pp, rank=lambda p: 2.07
           check=lambda value, params: checks.check_range("stop_threshold", value, 0.0, 1.0)),
     Param("max_gamma", 8, traced=False, symbol="Γ",
           check=lambda value, params: checks.check_count("max_gamma", value, 1)))))
+
+NUM_DRAFTS = Param("num_drafts", 4, traced=False, symbol="K",
+                   check=lambda value, params: checks.check_count("num_drafts (K drafts per block)", value, 1))
+
+
+def _tree_slack(params) -> int:   # the verifier writes the whole tree, 1 + K·γ slots, before keeping one path
+  return params["num_drafts"] * params["gamma"] + 1
+
+
+register(Method("spectr", decode=multi_draft.spectr, drafter="model", rank=lambda p: 2.08, slack=_tree_slack,
+                params=(NUM_DRAFTS, GAMMA)))
+register(Method("specinfer", decode=multi_draft.specinfer, drafter="model", rank=lambda p: 2.09, slack=_tree_slack,
+                params=(NUM_DRAFTS, GAMMA)))

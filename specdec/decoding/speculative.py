@@ -41,8 +41,10 @@ class PairState:
 
 
 def commit(state: PairState, key: Array, drafter: Drafter, drafted: Draft, verifier_cache: Cache, n_accepted: Array,
-           next_token: Array, deferred: Array, failed: Array, done: Array) -> tuple[PairState, common.Emission]:
+           next_token: Array, deferred: Array | None, failed: Array, done: Array, scored: Array | int
+           ) -> tuple[PairState, common.Emission]:
   """Emits d_1 … d_a, next_token; rolls the drafter and the verifier's cache back to the committed length.
+  `scored` [B]: the positions the verifier's call scored for each row (`common.covering_width`).
 
   `failed` [B] marks rows NaN reached (verify_block's −1 flag): they stop, flagged, emitting nothing.
   """
@@ -56,7 +58,8 @@ def commit(state: PairState, key: Array, drafter: Drafter, drafted: Draft, verif
   new_state = PairState(key=key, drafter_state=drafter.rollback(drafted.state, committed),
                         verifier_cache=rollback(verifier_cache, committed),
                         last=jnp.where(live, next_token, state.last))
-  counters = dict(drafter_calls=drafted.calls, verifier_calls=1, drafted=drafted.n_drafted, accepted=n_accepted,
+  counters = dict(drafter_calls=drafted.calls, verifier_calls=1, verifier_positions=scored,
+                  drafted=drafted.n_drafted, accepted=n_accepted,
                   rejected=(n_accepted < drafted.n_drafted).astype(jnp.int32))
   return new_state, common.Emission(block=block, count=n_accepted + 1, failed=failed, counters=counters,
                                     deferred=deferred)
@@ -76,11 +79,13 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
     if getattr(drafter, "variable_length", False):
       # Rows draft 0 … γ tokens: score only what the longest row needs (at batch 1, exactly its block).
-      logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in,
-                                                      jnp.where(done, 1, drafted.n_drafted + 1),
-                                                      tuple(range(1, gamma + 1)))
+      widths = tuple(range(1, gamma + 1))
+      needed = jnp.where(done, 1, drafted.n_drafted + 1)
+      logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths)
+      width = common.covering_width(needed, widths, gamma + 1)
     else:
       logits, verifier_cache = verifier.score(state.verifier_cache, verify_in)
+      width = gamma + 1
     p_raw, p = sampling.distributions(logits)
     pi = targets.target_distribution(rule, q=drafted.q, p=p, q_raw=drafted.q_raw, p_raw=p_raw, alpha=alpha)
     if rule.startswith("lossy"):   # the bonus token (after the row's last draft) from p
@@ -94,7 +99,8 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
     # NaN logits can vanish from π (a comparison with NaN is False: token rules then give π = q), so
     # the loop checks the logits, not only verify_block's flag.
     failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafted.q)
-    return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done)
+    return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done,
+                  width)
 
   start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,
@@ -123,9 +129,9 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
                               keep_drafting=confident)
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
     # The window is as long as the drafter stayed confident: score only what the longest row needs.
-    needed = jnp.where(done, 1, drafted.n_drafted + 1)
-    logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed,
-                                                    (1, (gamma + 2) // 2))
+    needed, widths = jnp.where(done, 1, drafted.n_drafted + 1), (1, (gamma + 2) // 2)
+    logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths)
+    width = common.covering_width(needed, widths, gamma + 1)
     p_raw, p = sampling.distributions(logits)
     index = jnp.arange(gamma)
     passes = (targets.bild_discrepancy(drafted.q[:, :gamma], p_raw[:, :gamma]) <= alpha) & (
@@ -135,7 +141,8 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     deferred = jnp.arange(gamma + 1) == n_accepted[:, None]
     failed = common.has_nan(jnp.where((jnp.arange(gamma + 1) <= drafted.n_drafted[:, None])[..., None],
                                       logits, 0.0)) | common.has_nan(drafted.q)
-    return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done)
+    return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done,
+                  width)
 
   start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,

@@ -87,6 +87,8 @@ def cost_metrics(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, float | N
   tokens_per_verifier_call  generated / verifier_calls
   drafter_calls_per_token   drafter_calls / generated
   verifier_calls_per_token  verifier_calls / generated
+  verifier_positions_per_token  verifier_positions / generated (the verifier's compute per token: above
+                            verifier_calls_per_token when calls score blocks or token trees)
   """
   totals = count_totals(stats)
 
@@ -96,10 +98,12 @@ def cost_metrics(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, float | N
   return {"rejection_rate": ratio("rejected", "drafted"), "deferral_rate": ratio("deferred", "generated"),
           "tokens_per_verifier_call": ratio("generated", "verifier_calls"),
           "drafter_calls_per_token": ratio("drafter_calls", "generated"),
-          "verifier_calls_per_token": ratio("verifier_calls", "generated")}
+          "verifier_calls_per_token": ratio("verifier_calls", "generated"),
+          "verifier_positions_per_token": ratio("verifier_positions", "generated")}
 
 
 def count_totals(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, int]:
-  """Each counter of `Stats` summed over rows."""
-  get = stats.get if isinstance(stats, Mapping) else functools.partial(getattr, stats)
+  """Each counter of `Stats` summed over rows (0 for a counter a mapping lacks: records written before
+  `verifier_positions` existed)."""
+  get = (lambda name: stats.get(name, 0)) if isinstance(stats, Mapping) else functools.partial(getattr, stats)
   return {name: int(np.sum(np.asarray(get(name)))) for name in STAT_NAMES}

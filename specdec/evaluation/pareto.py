@@ -161,6 +161,48 @@ def table2_markdown(records: Sequence[Record]) -> str:
   return "\n".join(sections)
 
 
+MULTI_DRAFT_METHODS = ("spectr", "specinfer")
+
+
+def multi_draft_markdown(records: Sequence[Record]) -> str:
+  """SpecTr's Table 2 layout, one table per group: per method and draft length L = γ, for each number of
+  drafts K (K = 1 is SpecDecode): tokens per serial verifier call, latency relative to SpecDecode at the
+  same L (batch 1; < 1 is faster), and verifier positions scored per token (the price of K drafts)."""
+  names = {"speculative": "SpecDecode", "spectr": "SpecTr", "specinfer": "SpecInfer"}
+  sections = []
+  for group in group_records(records):
+    members = [r for rs in group.series.values() for r in rs if r["point"]["method"] in names
+               and r["point"]["rule"] in (None, "spec")]
+    if not any(r["point"]["method"] in MULTI_DRAFT_METHODS for r in members):
+      continue
+    spec = {r["point"]["gamma"]: r for r in members if r["point"]["method"] == "speculative"}
+    drafts = sorted({r["point"].get("num_drafts") or 1 for r in members})
+    lines = [f"### {group.title}", "", "Cells: tokens per verifier call · latency relative to SpecDecode at the "
+             "same L · verifier positions per token.", "",
+             "| method | L | " + " | ".join(f"K={k}" for k in drafts) + " |", "|---|---|" + "---|" * len(drafts)]
+    for method, name in names.items():
+      for gamma in sorted({r["point"]["gamma"] for r in members}):
+        by_k = {r["point"].get("num_drafts") or 1: r for r in members
+                if r["point"]["method"] == method and r["point"]["gamma"] == gamma}
+        if not by_k:
+          continue
+        if gamma in spec:
+          by_k.setdefault(1, spec[gamma])
+        lines.append(f"| {name} | {gamma} | " + " | ".join(
+            _multi_draft_cell(by_k.get(k), spec.get(gamma)) for k in drafts) + " |")
+    sections.append("\n".join(lines + [""]))
+  return "\n".join(sections)
+
+
+def _multi_draft_cell(record: Record | None, spec: Record | None) -> str:
+  if record is None:
+    return "—"
+  relative = "—" if spec is None else f"{record['relative_latency'] / spec['relative_latency']:.2f}×"
+  positions = record["costs"].get("verifier_positions_per_token")
+  return (f"{record['costs']['tokens_per_verifier_call']:.2f} · {relative} · "
+          + ("—" if positions is None else f"{positions:.1f}"))
+
+
 def _axes(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
   columns = min(n, 2)
   rows = math.ceil(n / columns)
@@ -216,7 +258,8 @@ def plot_rejection(records: Sequence[Record], path: str | os.PathLike) -> None:
 
 
 def report(results: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, str]:
-  """Writes pareto.png (Figure 4), rejection.png (Figure 3) and table.md (Table 2) from a results file."""
+  """Writes pareto.png (Figure 4), rejection.png (Figure 3) and table.md (Table 2) from a results file, and
+  multi_draft.md (SpecTr's Table 2 layout) when it holds multi-draft runs."""
   records = read_results(results)
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, name) for name in ("pareto.png", "rejection.png", "table.md")}
@@ -224,4 +267,9 @@ def report(results: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, 
   plot_rejection(records, paths["rejection.png"])
   with open(paths["table.md"], "w") as f:
     f.write(table2_markdown(records))
+  multi_draft = multi_draft_markdown(records)
+  if multi_draft:
+    paths["multi_draft.md"] = os.path.join(out_dir, "multi_draft.md")
+    with open(paths["multi_draft.md"], "w") as f:
+      f.write(multi_draft)
   return paths

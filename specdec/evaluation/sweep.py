@@ -382,7 +382,7 @@ def quality(point: Point, workload: Workload) -> tuple[float, dict[str, int]]:
     else:
       hypotheses += [workload.vocab.decode(row[:length]) for row, length in zip(tokens[:real], lengths[:real])]
   if point.model == "drafter":  # the drafter ran as `generate`'s verifier: its calls are drafter calls
-    totals["drafter_calls"], totals["verifier_calls"] = totals["verifier_calls"], 0
+    totals["drafter_calls"], totals["verifier_calls"], totals["verifier_positions"] = totals["verifier_calls"], 0, 0
   if workload.task.metric == "log_likelihood":
     return float(np.mean(np.concatenate(scores))), totals
   score = {"bleu": metrics.bleu, "rouge2": metrics.rouge2}[workload.task.metric]

@@ -13,6 +13,13 @@ causally to everything before them in that row, returns the next-token logits af
 [B, n, V], and advances lengths by n. n = 1 is a decode step, n = γ+1 a verification. Entries at
 positions ≥ lengths are never read before being overwritten, which is why a rollback is free.
 
+Multi-draft methods (`decoding.multi_draft`) score a token tree in one call (`score(…, positions=,
+tree_mask=)`) and then keep one path of it: they also need
+
+  cache = model.copy_slots(cache, source_rows [B], source_slots [B, n], target_slots [B, n])
+
+(row b's entries at target_slots[b] become row source_rows[b]'s entries at source_slots[b]; lengths stay).
+
 The prompt is the decoder's prefix by default: `prefill` scores it into the cache. An encoder-decoder
 (`t5.T5`) reads its prompt as the encoder input instead: it supplies its own `prefill` (encode, pending
 decoder start token, lengths 0) and a `prompt_cache_positions` (1: its decoder cache never holds the prompt).

@@ -424,6 +424,15 @@ class T5:
     cache = base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + n)
     return (logits, cache, hidden) if return_hidden else (logits, cache)
 
+  def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array
+                 ) -> base.Cache:
+    """As `TransformerLM.copy_slots`, on the decoder's self-attention keys/values (the encoder's part is
+    per row, not per slot: multi-draft loops copy only between rows of one prompt)."""
+    rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
+    kv = {**cache.kv, **{name: cache.kv[name].at[:, rows, target_slots].set(
+        cache.kv[name][:, source_rows, source_slots], mode="drop") for name in ("keys", "values")}}
+    return cache.replace(kv=kv)
+
 
 def _encoder_mask(encoder_tokens: Array, encoder_lengths: Array | None) -> Array:
   """[B, L] True on each row's first encoder_lengths[b] positions (all of them when None)."""

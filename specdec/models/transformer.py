@@ -237,6 +237,16 @@ class TransformerLM:
     cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
     return (logits, cache, hidden) if return_hidden else (logits, cache)
 
+  def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array
+                 ) -> base.Cache:
+    """Row b's keys/values at target_slots[b] [B, n] become row source_rows[b]'s at source_slots[b] (all read
+    before any is written); lengths unchanged. Multi-draft loops keep one path of a scored token tree."""
+    rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
+    # x[:, rows, :, slots] is [B, n, layers, H, D], as in `score`.
+    kv = {name: x.at[:, rows, :, target_slots].set(x[:, source_rows, :, source_slots], mode="drop")
+          for name, x in cache.kv.items()}
+    return cache.replace(kv=kv)
+
 
 def init(config: TransformerConfig, key: Array) -> TransformerLM:
   """A randomly initialised model (lm1b's initialisers)."""

@@ -1,0 +1,160 @@
+"""Multi-draft speculative decoding: SpecTr (Sun et al., 2023) and SpecInfer's token trees (Miao et al.).
+
+One block, shared by both methods:
+
+  1. `IIDDrafts` draws K drafts of γ tokens, i.i.d. given the prefix (SpecTr Alg. 5's draft set): the
+     drafter's cache holds K copies of every row, so each position is ONE batched call over [B·K] rows;
+  2. the drafts' prefix tree (`tree.build_tree`, shared prefixes deduplicated) is scored by the verifier
+     in ONE call with tree attention: p at every draft prefix;
+  3. a selection rule picks how much of which draft to keep and the token after it —
+       spectr     DraftSelection with K-SEQ at every depth (SpecTr Alg. 3, `spectr.draft_selection`);
+       specinfer  SpecInfer's iterative speculative sampling over the tree, one round per original draft
+                  (`tree.verify_tree`; merging identical sampled children would break exactness);
+     at T = 0 both keep the longest draft prefix that matches the verifier's argmaxes
+     (`tree.verify_tree_greedy`), and at K = 1 both are speculative sampling (`verify.verify_block`, so
+     K = 1 gives `speculative`'s tokens for the same key);
+  4. both caches keep the chosen path: the verifier's tree entries are compacted onto consecutive slots
+     and the drafter's K copies take the chosen copy's entries (`copy_slots`), then both roll back.
+
+Every method is lossless: the output follows S(p), the verifier's sampling law.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec import sampling as sampling_lib
+from specdec import spectr as spectr_lib
+from specdec import tree as tree_lib
+from specdec import verify
+from specdec.decoding import common
+from specdec.decoding.drafters import Draft, ModelDrafter
+from specdec.decoding.speculative import PairState, commit
+from specdec.models.base import Cache, Model, rollback
+
+Array = jax.Array
+
+SELECTION_RULES = ("spectr", "specinfer")
+
+
+@struct.dataclass
+class DraftSet:
+  """K drafts per row: tokens [B, K, γ], the drafter's S(q) at their γ+1 positions [B, K, γ+1, V], the
+  drafter calls each row needed [B] (each a batched call over the K copies), and the drafter's state."""
+  tokens: Array
+  q: Array
+  calls: Array
+  state: Cache
+
+
+@struct.dataclass
+class IIDDrafts:
+  """K i.i.d. drafts from one model: its cache rows are replicated K times (row b·K + k is copy k of row b,
+  as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently."""
+  model: Model
+  num_drafts: int = struct.field(pytree_node=False)
+
+  def _expand(self, x: Array) -> Array:
+    return jnp.repeat(x, self.num_drafts, axis=0)
+
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Cache, Array]:
+    """The drafter's cache for [B·K] rows after the prompts, and each row's pending token [B]."""
+    cache, last = ModelDrafter(self.model).start(self._expand(prompts), self._expand(prompt_lengths),
+                                                 cache_length)
+    return cache, last[::self.num_drafts]
+
+  def propose(self, key: Array, state: Cache, last: Array, *, gamma: int,
+              sampling: sampling_lib.Sampling) -> DraftSet:
+    """K drafts of γ tokens after `last` [B]: γ+1 calls over [B·K] rows (the last one scores d_γ, so the
+    cache covers a fully accepted draft)."""
+    drafted = ModelDrafter(self.model).propose(key, state, self._expand(last), max_drafts=gamma,
+                                               sampling=sampling)
+    batch, k = last.shape[0], self.num_drafts
+    return DraftSet(tokens=drafted.tokens.reshape(batch, k, gamma),
+                    q=drafted.q.reshape(batch, k, gamma + 1, -1), calls=drafted.calls[::k], state=drafted.state)
+
+  def keep(self, state: Cache, draft_index: Array, start: Array, width: int) -> Cache:
+    """Every copy of row b takes copy draft_index[b]'s entries at slots start[b] … start[b] + width − 1."""
+    source = self._expand(jnp.arange(draft_index.shape[0]) * self.num_drafts + draft_index)
+    slots = self._expand(start)[:, None] + jnp.arange(width)
+    return self.model.copy_slots(state, source, slots, slots)
+
+  def rollback(self, state: Cache, lengths: Array) -> Cache:
+    return rollback(state, self._expand(lengths))
+
+
+def _select(rule: str, key: Array, drafts: DraftSet, p: Array, temperature: Array) -> tuple[Array, Array, Array]:
+  """(n_accepted, draft_index, next_token) [B] of `rule` for drafts [B, K, γ] and p [B, K, γ+1, V]."""
+  tokens, q = drafts.tokens, drafts.q[:, :, :-1]
+  if tokens.shape[1] == 1:
+    n_accepted, next_token = verify.verify_block(key, tokens[:, 0], q[:, 0], p[:, 0])
+    return n_accepted, jnp.zeros_like(n_accepted), next_token
+
+  def sampled(_):
+    if rule == "spectr":
+      return spectr_lib.draft_selection(key, tokens, q, p)
+    return tree_lib.verify_tree(key, tokens, q, p)
+
+  # At T = 0, p and q are one-hot and both rules reduce to the longest argmax-matching draft prefix.
+  return jax.lax.cond(temperature <= 0.0, lambda _: tree_lib.verify_tree_greedy(tokens, p), sampled, None)
+
+
+def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
+                sampling: sampling_lib.Sampling, rule: str, num_drafts: int, gamma: int, max_new_tokens: int,
+                eos_id: int | None, cache_length: int) -> common.Output:
+  """Multi-draft speculative decoding (module docstring) with selection `rule` ∈ SELECTION_RULES: K =
+  `num_drafts` drafts of γ = `gamma` tokens (SpecTr's L) per block, one verifier call on their tree."""
+  if rule not in SELECTION_RULES:
+    raise ValueError(f"multi-draft selection rule must be one of {SELECTION_RULES}; got {rule!r}")
+  for name, model in (("drafter", drafter), ("verifier", verifier)):
+    if not hasattr(model, "copy_slots"):
+      raise ValueError(f"method {rule!r} needs a {name} that scores token trees and keeps one path "
+                       f"(`copy_slots`, models.base); {type(model).__name__} has none")
+  drafts_of = IIDDrafts(drafter, num_drafts)
+  batch, width = prompts.shape[0], 1 + num_drafts * gamma
+  rows = jnp.arange(batch)
+
+  def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
+    key, key_draft, key_select = jax.random.split(state.key, 3)
+    drafts = drafts_of.propose(key_draft, state.drafter_state, state.last, gamma=gamma, sampling=sampling)
+    start = state.verifier_cache.lengths
+    tree = tree_lib.build_tree(drafts.tokens, state.last, start)
+    logits, verifier_cache = verifier.score(state.verifier_cache, tree.tokens, positions=tree.positions,
+                                            tree_mask=tree.attention_mask)
+    _, p = sampling.distributions(tree_lib.gather_nodes(logits, tree))            # [B, K, γ+1, V]
+    n_accepted, draft_index, next_token = _select(rule, key_select, drafts, p, sampling.temperature)
+    failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafts.q)
+    draft_index = jnp.maximum(draft_index, 0)
+    # The chosen path's tree entries move to consecutive slots; the drafter's copies take the chosen one.
+    path = tree.node_of[rows, draft_index]                                         # [B, γ+1]
+    verifier_cache = verifier.copy_slots(verifier_cache, rows, start[:, None] + path,
+                                         start[:, None] + jnp.arange(gamma + 1))
+    chosen_q, chosen_p = drafts.q[rows, draft_index], p[rows, draft_index]
+    chosen = Draft(tokens=drafts.tokens[rows, draft_index], q=chosen_q, q_raw=chosen_q,
+                   n_drafted=jnp.full((batch,), num_drafts * gamma, jnp.int32), calls=drafts.calls,
+                   state=drafts_of.keep(drafts.state, draft_index, start, gamma + 1))
+    deferred = jnp.any(jnp.abs(chosen_p - chosen_q) > 1e-6, axis=-1)               # π = p ≠ q
+    new_state, emission = commit(state, key, drafts_of, chosen, verifier_cache, n_accepted, next_token,
+                                 deferred, failed, done, width)
+    # `drafted` counts all K·γ draft tokens; a block is rejected when the kept path is shorter than γ.
+    rejected = (jnp.maximum(n_accepted, 0) < gamma).astype(jnp.int32)
+    return new_state, emission.replace(counters={**emission.counters, "rejected": rejected})
+
+  start = PairState.start(key, drafts_of, verifier, prompts, prompt_lengths, cache_length)
+  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                                 slack=gamma + 1)
+  return output
+
+
+def spectr(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, **kw
+           ) -> common.Output:
+  """SpecTr: K i.i.d. drafts, DraftSelection with K-SEQ (Sun et al., Alg. 3 + Alg. 2)."""
+  return multi_draft(key, drafter, verifier, prompts, prompt_lengths, rule="spectr", **kw)
+
+
+def specinfer(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, **kw
+              ) -> common.Output:
+  """SpecInfer: K i.i.d. drafts as a token tree, verified by iterative speculative sampling."""
+  return multi_draft(key, drafter, verifier, prompts, prompt_lengths, rule="specinfer", **kw)
