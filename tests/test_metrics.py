@@ -48,6 +48,31 @@ def test_metrics_reject_mismatched_lists():
     metrics.rouge2([], [])
 
 
+HYPOTHESES = ["the cat sat on the mat", "a quick brown fox", "tools for the gnu system", "x y z", "library files"]
+REFERENCES = ["the cat sat on a mat", "the quick brown fox", "tools for the GNU system", "x y", "shared library files"]
+
+
+@pytest.mark.parametrize("metric", ["bleu", "rouge2"])
+def test_example_statistics_recompute_the_corpus_metric_of_any_subset(metric):
+  score = {"bleu": metrics.bleu, "rouge2": metrics.rouge2}[metric]
+  statistics = metrics.example_statistics(metric, HYPOTHESES, REFERENCES)
+  assert metrics.from_statistics(metric, statistics) == pytest.approx(score(HYPOTHESES, REFERENCES))
+  rows = [4, 0, 0, 2]   # a bootstrap resample: repeated examples count twice
+  assert metrics.from_statistics(metric, statistics[rows]) == pytest.approx(
+      score([HYPOTHESES[i] for i in rows], [REFERENCES[i] for i in rows]))
+
+
+def test_bootstrap_interval_covers_the_mean_at_its_stated_rate():
+  """The percentile interval of a mean of 200 normal draws holds the true mean in ≈ 95 % of 200 samples."""
+  rng = np.random.default_rng(0)
+  covered = 0
+  for seed in range(200):
+    x = rng.normal(1.0, 2.0, 200)
+    lo, hi = metrics.bootstrap_interval(len(x), lambda rows: x[rows].mean(), resamples=300, seed=seed)
+    covered += lo <= 1.0 <= hi
+  assert 0.88 <= covered / 200 <= 0.99   # binomial(200, 0.95) lies in [178, 197] with probability > 1 − 1e-4
+
+
 def test_log_likelihood_matches_scoring_each_row_alone():
   model = models.build("tiny", vocab_size=64, seed=3, max_length=32)
   rng = np.random.default_rng(0)
@@ -74,7 +99,8 @@ def test_cost_metrics_sum_counters_over_examples_first():
                 accepted=jnp.array([8, 4]), rejected=jnp.array([2, 1]), deferred=jnp.array([3, 0]),
                 generated=jnp.array([12, 8]))
   assert metrics.cost_metrics(stats) == pytest.approx({
-      "rejection_rate": 3 / 15, "deferral_rate": 3 / 20, "tokens_per_verifier_call": 20 / 6,
+      "rejection_rate": 3 / 15, "draft_rejection_rate": 3 / 15, "deferral_rate": 3 / 20,
+      "tokens_per_verifier_call": 20 / 6,
       "drafter_calls_per_token": 22 / 20, "verifier_calls_per_token": 6 / 20,
       "verifier_positions_per_token": 36 / 20})
 

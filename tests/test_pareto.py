@@ -62,10 +62,13 @@ def test_table2_has_one_table_per_temperature_with_its_own_large_model():
   assert [pareto.table2_rows(g)[0].speedup for g in groups] == [2.0, None]
 
 
-def test_runs_with_other_settings_get_their_own_tables():
-  other = [{**r, "context_hash": "d"} for r in (_large(21.0), _record("A", 22.0, 0.9))]
-  groups = pareto.group_records([_large(20.0), _record("A", 20.0, 0.5), *other])
-  assert [g.title[-7:] for g in groups] == ["[run c]", "[run d]"]
+def test_runs_with_other_settings_get_their_own_tables_labelled_by_what_differs():
+  def other_run(record):
+    return {**record, "context_hash": "d", "context": {**record["context"], "n_examples": 500}}
+  first = [_large(20.0), _record("A", 20.0, 0.5)]
+  first[0]["context"]["n_examples"] = first[1]["context"]["n_examples"] = 100
+  groups = pareto.group_records([*first, *(other_run(r) for r in (_large(21.0), _record("A", 22.0, 0.9)))])
+  assert [g.title.rsplit(" [", 1)[1] for g in groups] == ["n_examples=100]", "n_examples=500]"]
   assert [g.large["quality"] for g in groups] == [20.0, 21.0]
 
 
@@ -121,3 +124,27 @@ def test_multi_draft_table_has_spectrs_layout():
   assert "| SpecTr | 4 | 2.00 · 1.00× · 2.5 | 2.20 · 1.10× · 4.1 | 2.50 · 1.25× · 6.8 |" in table
   assert "| SpecInfer | 4 | 2.00 · 1.00× · 2.5 | — | 2.40 · 1.20× · 7.1 |" in table
   assert pareto.multi_draft_markdown([_large(20.0), run("SpecDecode", "speculative", None, 4, 2.0, 0.8)]) == ""
+
+
+def test_table2_cells_carry_the_bootstrap_intervals():
+  large = {**_large(20.0), "quality_interval": [19.5, 20.5]}
+  a = {**_record("A", 21.0, 0.6), "quality_interval": [20.2, 21.9], "relative_latency_interval": [0.55, 0.65]}
+  table = pareto.table2_markdown([large, a])
+  assert "speed-up↑ when matching the large model's quality" in table and "BLEU 20.00 [19.50, 20.50]" in table
+  assert "| A | 1.67× [1.54, 1.82] (α=0.1, latency 0.60) | 21.00 [20.20, 21.90] (α=0.1, latency 0.60) |" in table
+
+
+def test_figure_3_has_a_panel_per_gamma_and_methods_keep_their_style_across_figures():
+  records = [_large(20.0), *[_record("A", 20.0 + g, 0.5, gamma=g) for g in (1, 5)],
+             *[_record("B", 19.0, 0.7, rule="opt", gamma=g) for g in (1, 5)]]
+  panels = pareto.rejection_panels(records)
+  assert [p.title.rsplit(", ", 1)[1] for p in panels] == ["γ=1", "γ=5"]
+  assert all(len(rs) == 1 for p in panels for rs in p.series.values())
+  styles = pareto._styles(panels)
+  assert pareto._styles(pareto.group_records(records)).keys() >= {"A [γ=1]", "A [γ=5]"}
+  assert len(set(styles.values())) == len(styles)
+
+
+def test_report_on_a_missing_file_says_so(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no such file"):
+    pareto.report(tmp_path / "nothing.jsonl", tmp_path)

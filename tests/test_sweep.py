@@ -132,11 +132,43 @@ def test_truncated_last_line_is_dropped_and_its_point_rerun(complete, tmp_path):
   assert _outcomes(stored) == _outcomes(complete[1])
 
 
-def test_a_damaged_line_before_the_last_raises(tmp_path):
+def test_a_damaged_or_foreign_line_before_the_last_raises_naming_it(complete, tmp_path):
   output = tmp_path / "results.jsonl"
-  output.write_text('{"hash": "a"}\n{"hash": \n{"hash": "b"}\n')
+  first = _lines(complete[0])[0]
+  output.write_text(f'{first}\n{{"hash": \n{first}\n')
   with pytest.raises(ValueError, match="results.jsonl:2 is not a JSON record"):
     sweep.read_results(output)
+  output.write_text(f'{first}\n{first}\n{{"loss": 0.5, "step": 10}}\n')
+  with pytest.raises(ValueError, match="results.jsonl:3 is not a sweep record \\(no hash, context_hash"):
+    sweep.read_results(output)
+
+
+def test_resume_is_announced_and_refused_across_commits_unless_asked(complete, tmp_path, capsys):
+  output = tmp_path / "results.jsonl"
+  lines = [json.loads(line) for line in _lines(complete[0])]
+  for record in lines:
+    record["git_commit"] = "0123abc"
+  output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-2]))
+  with pytest.raises(ValueError, match="recorded on commit 0123abc .*allow_mixed_runs"):
+    sweep.run(_smoke(output), progress=True)
+  sweep.run(_smoke(output, "Experiment.allow_mixed_runs = True"), progress=True)
+  assert f"resuming: {SMOKE_POINTS - 2} of {SMOKE_POINTS} points already done" in capsys.readouterr().err
+  assert len(_lines(output)) == SMOKE_POINTS
+
+
+def test_intervals_and_figures_are_recomputable_from_the_stored_examples(complete):
+  """Quality, relative latency and their bootstrap intervals come from the per-example data in the record."""
+  from specdec.evaluation import metrics
+  for r in complete[1]:
+    statistics = r["examples"]["quality_statistics"]
+    assert len(statistics) == 6 and math.isclose(metrics.from_statistics(r["metric"], statistics), r["quality"])
+    seconds, baseline = r["examples"]["seconds"], r["examples"]["baseline_seconds"]
+    assert len(seconds) == len(baseline) == r["context"]["n_latency_examples"]
+    assert math.isclose(sum(seconds) / sum(baseline), r["relative_latency"])
+    lo, hi = r["quality_interval"]
+    assert lo <= r["quality"] <= hi
+    lo, hi = r["relative_latency_interval"]
+    assert lo <= r["relative_latency"] <= hi
 
 
 @pytest.mark.parametrize("bindings, message", [

@@ -9,13 +9,14 @@ the verifier's mean per-token log-likelihood of the generated text. Cost: the co
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import sacrebleu
 from rouge_score import rouge_scorer
+from sacrebleu.metrics.bleu import BLEU
 
 from specdec.decoding.common import STAT_NAMES, Stats
 from specdec.models.base import Model
@@ -38,6 +39,40 @@ def rouge2(hypotheses: Sequence[str], references: Sequence[str]) -> float:
   scorer = _rouge2_scorer()
   return float(100.0 * np.mean([scorer.score(ref, hyp)["rouge2"].fmeasure
                                 for hyp, ref in zip(hypotheses, references)]))
+
+
+def example_statistics(metric: str, hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
+  """Per-example statistics [N, k] from which `from_statistics` recomputes the corpus metric of any subset
+  or resample of the examples: for BLEU sacrebleu's [hypothesis length, reference length, n-gram matches
+  (n = 1…4), n-gram totals (n = 1…4)], for ROUGE-2 the example's F-measure × 100."""
+  _check_pairs(hypotheses, references)
+  if metric == "bleu":
+    return np.asarray(BLEU()._extract_corpus_statistics(list(hypotheses), [list(references)]), np.int64)
+  if metric == "rouge2":
+    scorer = _rouge2_scorer()
+    return 100.0 * np.array([[scorer.score(ref, hyp)["rouge2"].fmeasure] for hyp, ref in zip(hypotheses, references)])
+  raise ValueError(f"metric must be 'bleu' or 'rouge2' for texts (log_likelihood scores tokens); got {metric!r}")
+
+
+def from_statistics(metric: str, statistics: np.ndarray) -> float:
+  """The corpus metric of examples with `example_statistics` [N, k] (log_likelihood: per-example means
+  [N, 1]): corpus BLEU from the summed counts, the mean for the others."""
+  statistics = np.asarray(statistics, np.float64)
+  if metric == "bleu":
+    total = [int(x) for x in statistics.sum(axis=0)]
+    return float(BLEU.compute_bleu(correct=total[2:6], total=total[6:10], sys_len=total[0], ref_len=total[1]).score)
+  return float(np.mean(statistics[:, 0]))
+
+
+def bootstrap_interval(n_examples: int, statistic: Callable[[np.ndarray], float], *, resamples: int = 1000,
+                       level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+  """Percentile bootstrap interval of `statistic(rows)` over examples resampled with replacement (rows: an
+  index array [n_examples]); paired quantities (a point and its baseline timed on the same examples) are
+  resampled together by indexing both with the same rows."""
+  rng = np.random.default_rng(seed)
+  values = np.array([statistic(rng.integers(0, n_examples, n_examples)) for _ in range(resamples)])
+  tail = 100.0 * (1.0 - level) / 2
+  return float(np.percentile(values, tail)), float(np.percentile(values, 100.0 - tail))
 
 
 def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
@@ -81,8 +116,9 @@ def log_likelihood(model: Model, prompts: np.ndarray, prompt_lengths: np.ndarray
 def cost_metrics(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, float | None]:
   """Cost rates of a run from per-row counters (summed over rows first); None where undefined.
 
-  rejection_rate            rejected / drafted (blocks with a rejection per draft token; with γ = 1 the
-                            fraction of drafts the verifier replaced, the x-axis of Figure 3)
+  rejection_rate            rejected / drafted (blocks with a rejection per draft token)
+  draft_rejection_rate      (drafted − accepted) / drafted: rejected draft tokens per draft token, the
+                            paper's rejection rate (Figure 3's x-axis; equal to rejection_rate at γ = 1)
   deferral_rate             deferred / generated (emitted tokens whose target was not the drafter's)
   tokens_per_verifier_call  generated / verifier_calls
   drafter_calls_per_token   drafter_calls / generated
@@ -95,7 +131,10 @@ def cost_metrics(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, float | N
   def ratio(num: str, den: str) -> float | None:
     return totals[num] / totals[den] if totals[den] else None
 
-  return {"rejection_rate": ratio("rejected", "drafted"), "deferral_rate": ratio("deferred", "generated"),
+  return {"rejection_rate": ratio("rejected", "drafted"),
+          "draft_rejection_rate": ((totals["drafted"] - totals["accepted"]) / totals["drafted"] if totals["drafted"]
+                                   else None),
+          "deferral_rate": ratio("deferred", "generated"),
           "tokens_per_verifier_call": ratio("generated", "verifier_calls"),
           "drafter_calls_per_token": ratio("drafter_calls", "generated"),
           "verifier_calls_per_token": ratio("verifier_calls", "generated"),

@@ -101,11 +101,30 @@ def group_records(records: Sequence[Record]) -> list[Group]:
       series.setdefault(name, []).append(r)
     title = (f"{context['task']}: {_model_name(context['drafter'])} → {_model_name(context['verifier'])}, "
              f"T={temperature:g}, top-P={top_p:g}")
-    if len({key[0] for key in keys if key[1:] == (temperature, top_p)}) > 1:  # other settings, same title
-      title += f" [run {context_hash[:6]}]"
+    siblings = {key[0]: ms[0]["context"] for key, ms in keys.items() if key[1:] == (temperature, top_p)}
+    if len(siblings) > 1:  # runs with other settings share this title: say what differs
+      title += f" [{_differences(context, list(siblings.values()))}]"
     groups.append(Group(title=title, metric=members[0]["metric"], large=by_model.get("verifier"),
                         small=by_model.get("drafter"), series=series))
   return groups
+
+
+def _flat(context: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in context.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = value
+  return flat
+
+
+def _differences(context: dict[str, Any], others: list[dict[str, Any]]) -> str:
+  """The settings of `context` in which runs that share its title differ (e.g. "n_examples=500")."""
+  flats = [_flat(c) for c in others]
+  mine = _flat(context)
+  keys = sorted({k for f in flats for k in f if len({repr(g.get(k)) for g in flats}) > 1})
+  return ", ".join(f"{k}={mine.get(k)}" for k in keys) or "same settings, another run"
 
 
 @dataclasses.dataclass
@@ -134,10 +153,23 @@ def table2_rows(group: Group) -> list[Table2Row]:
   return rows
 
 
+METRIC_NAMES = {"bleu": "BLEU", "rouge2": "ROUGE-2", "log_likelihood": "log-likelihood (nats/token)"}
+
+
 def _parameters(record: Record) -> str:
   alpha = record["point"]["alpha"]
   latency = f"latency {record['relative_latency']:.2f}"
   return f" (α={alpha:g}, {latency})" if alpha is not None else f" ({latency})"
+
+
+def _interval(record: Record, key: str, transform=lambda x: x) -> str:
+  """" [lo, hi]" of a record's bootstrap interval (`<key>_interval`), through a monotone `transform`;
+  empty for records written before intervals existed."""
+  interval = record.get(f"{key}_interval")
+  if interval is None:
+    return ""
+  lo, hi = sorted(transform(x) for x in interval)
+  return f" [{lo:.2f}, {hi:.2f}]"
 
 
 def table2_markdown(records: Sequence[Record]) -> str:
@@ -149,13 +181,17 @@ def table2_markdown(records: Sequence[Record]) -> str:
     if large is None:
       sections.append("\n".join(lines + ["No record of the verifier alone: Table 2 needs it.", ""]))
       continue
-    lines += [f"Large model (verifier alone): {metric} {large['quality']:.2f}, "
-              f"{large['seconds_per_example'] * 1e3:.1f} ms per example (batch 1).", "",
-              f"| method | latency↓ when matching large model's quality | best {metric} without exceeding "
-              f"large model's latency |", "|---|---|---|"]
+    name = METRIC_NAMES.get(metric, metric)
+    lines += [f"Large model (verifier alone): {name} {large['quality']:.2f}{_interval(large, 'quality')}, "
+              f"{large['seconds_per_example'] * 1e3:.1f} ms per example (batch 1). Brackets: bootstrap 95 % "
+              "intervals over examples.", "",
+              f"| method | speed-up↑ when matching the large model's quality | best {name} without exceeding "
+              f"the large model's latency |", "|---|---|---|"]
     for row in table2_rows(group):
-      matching = "—" if row.matching is None else f"{row.speedup:.2f}×{_parameters(row.matching)}"
-      best = "—" if row.best is None else f"{row.best['quality']:.2f}{_parameters(row.best)}"
+      matching = ("—" if row.matching is None else f"{row.speedup:.2f}×"
+                  f"{_interval(row.matching, 'relative_latency', lambda x: 1.0 / x)}{_parameters(row.matching)}")
+      best = ("—" if row.best is None else
+              f"{row.best['quality']:.2f}{_interval(row.best, 'quality')}{_parameters(row.best)}")
       lines.append(f"| {row.name} | {matching} | {best} |")
     sections.append("\n".join(lines + [""]))
   return "\n".join(sections)
@@ -212,32 +248,63 @@ def _axes(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
   return figure, list(axes.flat[:n])
 
 
-def _plot(records: Sequence[Record], path: str | os.PathLike, cost: str, cost_label: str) -> None:
-  groups = group_records(records)
+_MARKERS = "osD^vP*Xh<>p"
+
+
+def _styles(groups: Sequence[Group]) -> dict[str, tuple[Any, str]]:
+  """One (colour, marker) per series name across every panel and both figures, in Table 2's order."""
+  names = list(dict.fromkeys(name for group in groups for name in group.series))
+  colours = plt.get_cmap("tab20" if len(names) > 10 else "tab10").colors
+  return {name: (colours[i % len(colours)], _MARKERS[i % len(_MARKERS)]) for i, name in enumerate(names)}
+
+
+def _error(records: list[Record], key: str, values: list[float]) -> list[list[float]] | None:
+  """Asymmetric error bars [[below…], [above…]] from `<key>_interval`, or None when a record has none."""
+  intervals = [r.get(f"{key}_interval") for r in records]
+  if any(i is None for i in intervals):
+    return None
+  return [[max(v - i[0], 0.0) for v, i in zip(values, intervals)], [max(i[1] - v, 0.0) for v, i in zip(values, intervals)]]
+
+
+def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_label: str, *,
+                 latency: bool) -> None:
+  """One panel per group: per series its measured points with error bars, the Pareto frontier as a line,
+  α on the frontier points; the large model's quality as a dotted line (and, on the latency axis, x = 1
+  and both models alone as markers)."""
   if not groups:
     raise ValueError("no records to plot")
+  styles = _styles(groups)
   figure, axes = _axes(len(groups))
   for ax, group in zip(axes, groups):
     for name, members in group.series.items():
-      points = [(r[cost] if cost == "relative_latency" else r["costs"][cost], r["quality"]) for r in members]
-      points = [(x, y) for x, y in points if x is not None]
-      if not points:
+      members = [r for r in members if cost(r) is not None]
+      if not members:
         continue
-      optimal = frontier(points)
-      (line,) = ax.plot(*zip(*optimal), marker="o", markersize=4, label=name)
-      dominated = [p for p in points if p not in optimal]
-      if dominated:
-        ax.scatter(*zip(*dominated), s=10, color=line.get_color(), alpha=0.35)
+      colour, marker = styles[name]
+      xs, ys = [cost(r) for r in members], [r["quality"] for r in members]
+      ax.errorbar(xs, ys, yerr=_error(members, "quality", ys),
+                  xerr=_error(members, "relative_latency", xs) if latency else None, fmt="none", ecolor=colour,
+                  alpha=0.35, linewidth=0.8)
+      optimal = frontier(list(zip(xs, ys)))
+      ax.plot(*zip(*optimal), marker=marker, markersize=5, color=colour, label=name)
+      ax.scatter([x for x, y in zip(xs, ys) if (x, y) not in optimal],
+                 [y for x, y in zip(xs, ys) if (x, y) not in optimal], s=12, marker=marker, color=colour, alpha=0.35)
+      for r, x, y in zip(members, xs, ys):
+        if (x, y) in optimal and r["point"].get("alpha") is not None:
+          ax.annotate(f"{r['point']['alpha']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6,
+                      color=colour)
     if group.large is not None:
       ax.axhline(group.large["quality"], color="black", linestyle=":", linewidth=1)
-    if cost == "relative_latency":  # the models alone sit on the latency axis only
+    if latency:
+      ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8)
       for record, marker, name in ((group.small, "*", "Small (drafter)"), (group.large, "s", "Large (verifier)")):
         if record is not None:
-          ax.scatter([record["relative_latency"]], [record["quality"]], marker=marker, s=80, color="black",
-                     label=name, zorder=3)
+          ax.errorbar([record["relative_latency"]], [record["quality"]],
+                      yerr=_error([record], "quality", [record["quality"]]), fmt=marker, markersize=9,
+                      color="black", label=name, zorder=3)
     ax.set_title(group.title, fontsize=9)
     ax.set_xlabel(cost_label)
-    ax.set_ylabel(group.metric)
+    ax.set_ylabel(METRIC_NAMES.get(group.metric, group.metric))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   figure.tight_layout()
@@ -246,20 +313,48 @@ def _plot(records: Sequence[Record], path: str | os.PathLike, cost: str, cost_la
 
 
 def plot_latency(records: Sequence[Record], path: str | os.PathLike) -> None:
-  """Figure 4: quality vs latency relative to the large model, one line per method along its frontier,
-  the models alone as markers, the large model's quality as a dotted line; one panel per group."""
-  _plot(records, path, "relative_latency", "latency relative to the large model")
+  """Figure 4: quality vs latency relative to the large model, one line per method along its frontier
+  (α labels, 95 % intervals as error bars), the models alone as markers, the large model's quality as a
+  dotted line and its latency (x = 1) dashed; one panel per group."""
+  _plot_groups(group_records(records), path, lambda r: r["relative_latency"], "latency relative to the large model",
+               latency=True)
+
+
+def _draft_rejection_rate(record: Record) -> float | None:
+  """Rejected draft tokens / draft tokens (records without it: from their counters)."""
+  costs, counters = record["costs"], record.get("counters", {})
+  if "draft_rejection_rate" in costs:
+    return costs["draft_rejection_rate"]
+  drafted = counters.get("drafted")
+  return (drafted - counters["accepted"]) / drafted if drafted else None
 
 
 def plot_rejection(records: Sequence[Record], path: str | os.PathLike) -> None:
-  """Figure 3: quality vs rejection rate (rejected blocks per draft token) for the methods that draft,
-  frontier lines, the large model's quality as a dotted line."""
-  _plot(records, path, "rejection_rate", "rejection rate")
+  """Figure 3: quality vs the paper's rejection rate (rejected draft tokens / draft tokens) for the methods
+  that draft, frontier lines, the large model's quality as a dotted line; one panel per group and γ (the
+  paper's figure is at γ = 1)."""
+  _plot_groups(rejection_panels(records), path, _draft_rejection_rate,
+               "rejection rate (rejected draft tokens / draft tokens)", latency=False)
+
+
+def rejection_panels(records: Sequence[Record]) -> list[Group]:
+  """Figure 3's panels: each group split by γ."""
+  panels = []
+  for group in group_records(records):
+    gammas = sorted({r["point"]["gamma"] for rs in group.series.values() for r in rs
+                     if r["point"].get("gamma") is not None})
+    for gamma in gammas:
+      series = {name: [r for r in rs if r["point"].get("gamma") == gamma] for name, rs in group.series.items()}
+      panels.append(dataclasses.replace(group, title=f"{group.title}, γ={gamma}",
+                                        series={name: rs for name, rs in series.items() if rs}))
+  return panels
 
 
 def report(results: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, str]:
   """Writes pareto.png (Figure 4), rejection.png (Figure 3) and table.md (Table 2) from a results file, and
   multi_draft.md (SpecTr's Table 2 layout) when it holds multi-draft runs."""
+  if not os.path.exists(results):
+    raise FileNotFoundError(f"no such file: {results}")
   records = read_results(results)
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, name) for name in ("pareto.png", "rejection.png", "table.md")}

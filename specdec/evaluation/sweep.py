@@ -115,6 +115,7 @@ class Experiment:
   gammas: Sequence[int] = (5,)
   seed: int = 0
   output: str = "outputs/sweep/results.jsonl"
+  allow_mixed_runs: bool = False   # resume a run recorded on another commit or machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,8 +364,9 @@ def _batches(workload: Workload) -> list[np.ndarray]:
   return [np.minimum(np.arange(start, start + size), n - 1) for start in range(0, n, size)]
 
 
-def quality(point: Point, workload: Workload) -> tuple[float, dict[str, int]]:
-  """The task metric of the point's outputs on all examples, and its counters summed over examples."""
+def quality(point: Point, workload: Workload) -> tuple[np.ndarray, dict[str, int]]:
+  """Per-example statistics of the task metric on all examples [N, k] (`metrics.example_statistics`;
+  the metric itself is `metrics.from_statistics`), and the counters summed over examples."""
   key = jax.random.fold_in(jax.random.PRNGKey(workload.seed), 0)
   n = len(workload.prompts)
   scores, hypotheses = [], []
@@ -384,40 +386,49 @@ def quality(point: Point, workload: Workload) -> tuple[float, dict[str, int]]:
   if point.model == "drafter":  # the drafter ran as `generate`'s verifier: its calls are drafter calls
     totals["drafter_calls"], totals["verifier_calls"], totals["verifier_positions"] = totals["verifier_calls"], 0, 0
   if workload.task.metric == "log_likelihood":
-    return float(np.mean(np.concatenate(scores))), totals
-  score = {"bleu": metrics.bleu, "rouge2": metrics.rouge2}[workload.task.metric]
-  return score(hypotheses, workload.references), totals
+    return np.concatenate(scores)[:, None].astype(np.float64), totals
+  return metrics.example_statistics(workload.task.metric, hypotheses, workload.references), totals
 
 
-def latency(point: Point, workload: Workload, baseline: Point | None = None) -> tuple[float, float | None]:
-  """Mean wall-clock seconds per example at batch size 1 (App. F.1): one warm-up call (compilation)
-  excluded, then `latency_trials` passes over the latency examples. With a `baseline` point, it is timed
-  on each example right after the point (same key), and its mean comes second: on a shared machine the
-  ratio of interleaved timings is stable where timings taken minutes apart are not."""
+def latency(point: Point, workload: Workload, baseline: Point | None = None) -> list[np.ndarray]:
+  """Wall-clock seconds per latency example at batch size 1 (App. F.1), summed over `latency_trials`
+  passes, after one warm-up call (compilation) excluded: [n_latency] for the point, then for the
+  `baseline` if given, which is timed on each example right after the point (same key): on a shared
+  machine the ratio of interleaved timings is stable where timings taken minutes apart are not."""
   key = jax.random.fold_in(jax.random.PRNGKey(workload.seed), 1)
   rows = workload.latency_rows
   timed = [point] if baseline is None else [point, baseline]
   for each in timed:
     jax.block_until_ready(_decode(each, workload, key, rows[:1]).tokens)
-  totals = [0.0] * len(timed)
+  seconds = np.zeros((len(timed), len(rows)))
   for _ in range(workload.latency_trials):
-    for row in rows:
+    for j, row in enumerate(rows):
       for i, each in enumerate(timed):
         start = time.perf_counter()
         jax.block_until_ready(_decode(each, workload, jax.random.fold_in(key, row), np.array([row])).tokens)
-        totals[i] += time.perf_counter() - start
-  means = [total / (len(rows) * workload.latency_trials) for total in totals]
-  return means[0], (means[1] if baseline is not None else None)
+        seconds[i, j] += time.perf_counter() - start
+  return list(seconds)
 
 
 def run_point(point: Point, workload: Workload) -> dict[str, Any]:
-  """Quality, absolute latency, cost rates and counters of one point, and the verifier-alone baseline's
-  latency timed interleaved with it (`latency`; for a baseline point, its own)."""
-  score, totals = quality(point, workload)
+  """Quality, absolute latency, cost rates and counters of one point, the verifier-alone baseline's
+  latency timed interleaved with it (`latency`; for a baseline point, its own), bootstrap 95 % intervals
+  of quality and relative latency over examples, and the per-example data they come from."""
+  statistics, totals = quality(point, workload)
+  metric = workload.task.metric
   baseline = None if point.is_baseline else baseline_point(point.temperature, point.top_p)
-  seconds, baseline_seconds = latency(point, workload, baseline)
-  return {"quality": score, "seconds_per_example": seconds,
-          "baseline_seconds_per_example": seconds if baseline_seconds is None else baseline_seconds,
+  timed = latency(point, workload, baseline)
+  seconds, baseline_seconds = timed[0], timed[-1]     # a baseline point is its own reference
+  trials = workload.latency_trials
+  return {"quality": metrics.from_statistics(metric, statistics),
+          "quality_interval": list(metrics.bootstrap_interval(
+              len(statistics), lambda rows: metrics.from_statistics(metric, statistics[rows]))),
+          "seconds_per_example": float(seconds.mean() / trials),
+          "baseline_seconds_per_example": float(baseline_seconds.mean() / trials),
+          "relative_latency_interval": list(metrics.bootstrap_interval(
+              len(seconds), lambda rows: float(seconds[rows].sum() / baseline_seconds[rows].sum()))),
+          "examples": {"quality_statistics": statistics.tolist(), "seconds": seconds.tolist(),
+                       "baseline_seconds": baseline_seconds.tolist()},
           "costs": metrics.cost_metrics(totals), "counters": totals}
 
 
@@ -470,9 +481,13 @@ def point_hash(point: Point, run_context: dict[str, Any]) -> str:
   return _digest({"point": point.config(), "context": run_context})
 
 
+RECORD_KEYS = ("hash", "context_hash", "family", "point", "context", "metric", "quality", "relative_latency")
+
+
 def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
   """The records of a results file ([] when absent). A last line without its newline (a write cut short
-  by a kill) is left out; any other unreadable line raises ValueError."""
+  by a kill) is left out; any other line that is not a sweep record (bad JSON, or a JSON value without
+  the `RECORD_KEYS`) raises ValueError naming the file and line."""
   path = pathlib.Path(path)
   if not path.exists():
     return []
@@ -480,9 +495,14 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
   records = []
   for number, line in enumerate(lines[:-1], 1):  # the last piece follows the last newline
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)
     except json.JSONDecodeError as e:
       raise ValueError(f"{path}:{number} is not a JSON record ({e}); only the last line may be cut short") from e
+    missing = [key for key in RECORD_KEYS if key not in record] if isinstance(record, dict) else list(RECORD_KEYS)
+    if missing:
+      raise ValueError(f"{path}:{number} is not a sweep record (no {', '.join(missing)}): a line from another "
+                       "file or program?")
+    records.append(record)
   return records
 
 
@@ -552,9 +572,15 @@ def run(experiment: Experiment, *, progress: bool = True) -> list[dict[str, Any]
             "seeds": {"sweep": experiment.seed,
                       "drafter": experiment.drafter.seed if experiment.drafter.preset else None,
                       "verifier": experiment.verifier.seed if experiment.verifier.preset else None}}
+  if 0 < len(pending) < len(points):
+    _check_one_run([stored[hashes[point]] for point in points if hashes[point] in stored], shared, experiment)
+    if progress:
+      print(f"resuming: {len(points) - len(pending)} of {len(points)} points already done in {experiment.output}",
+            file=sys.stderr)
   bar = tqdm.tqdm(pending, desc="sweep", unit="point", file=sys.stderr, disable=not progress)
   for point in bar:
-    bar.set_postfix_str(f"{point.family} α={point.alpha} T={point.temperature} top_p={point.top_p}")
+    settings = " ".join(f"{name}={value}" for name, value in point.params)
+    bar.set_postfix_str(f"{point.family} {settings} T={point.temperature} top_p={point.top_p}")
     result = run_point(point, workload)
     baseline_hash = point_hash(baseline_point(point.temperature, point.top_p), run_context)
     baseline_seconds = result.pop("baseline_seconds_per_example")
@@ -565,6 +591,20 @@ def run(experiment: Experiment, *, progress: bool = True) -> list[dict[str, Any]
     append_result(experiment.output, record)
     stored[hashes[point]] = record
   return [stored[hashes[point]] for point in points]
+
+
+def _check_one_run(done: list[dict[str, Any]], shared: dict[str, Any], experiment: Experiment) -> None:
+  """A run's points come from one commit and one machine (their latencies are compared with each other),
+  unless `Experiment.allow_mixed_runs`."""
+  others = sorted({(r.get("git_commit"), r.get("device")) for r in done} - {(shared["git_commit"], shared["device"])},
+                  key=str)
+  if others and not experiment.allow_mixed_runs:
+    raise ValueError(
+        f"{experiment.output} holds {len(done)} finished points of this run recorded on "
+        + "; ".join(f"commit {commit} / {machine}" for commit, machine in others)
+        + f", and this process runs on commit {shared['git_commit']} / {shared['device']}: latencies from "
+        "different code or machines are not comparable. Finish the run where it started, write to a new "
+        "Experiment.output, or set Experiment.allow_mixed_runs = True")
 
 
 # --- gin ----------------------------------------------------------------------------------------------------
