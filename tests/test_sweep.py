@@ -156,6 +156,31 @@ def test_resume_is_announced_and_refused_across_commits_unless_asked(complete, t
   assert len(_lines(output)) == SMOKE_POINTS
 
 
+def test_hosts_split_the_grid_into_shards_that_merge_into_the_single_host_run(complete, tmp_path, monkeypatch):
+  output = tmp_path / "results.jsonl"
+  experiment = _smoke(output)
+  real_run_point, calls = sweep.run_point, []
+
+  def dies_after_one(point, workload):
+    if len(calls) == 1:
+      raise Killed
+    calls.append(point)
+    return real_run_point(point, workload)
+
+  monkeypatch.setattr(sweep, "run_point", dies_after_one)
+  with pytest.raises(Killed):
+    sweep.run(experiment, progress=False, host=(1, 2))      # host 1 of 2 dies after its first point
+  monkeypatch.setattr(sweep, "run_point", real_run_point)
+  assert len(sweep.run(experiment, progress=False, host=(0, 2))) == SMOKE_POINTS // 2 + 1
+  shards = [sweep.host_shard(output, i, 2) for i in range(2)]
+  assert sweep.result_files(output) == shards and not output.exists()
+  assert [len(_lines(s)) for s in shards] == [SMOKE_POINTS // 2, 1]
+  merged = sweep.run(experiment, progress=False, host=(1, 2))   # the rerun finishes host 1's block only
+  assert [len(_lines(s)) for s in shards] == [SMOKE_POINTS // 2] * 2
+  assert len(merged) == SMOKE_POINTS and _outcomes(merged) == _outcomes(complete[1])
+  assert _outcomes(sweep.read_results(output)) == _outcomes(complete[1])
+
+
 def test_intervals_and_figures_are_recomputable_from_the_stored_examples(complete):
   """Quality, relative latency and their bootstrap intervals come from the per-example data in the record."""
   from specdec.evaluation import metrics

@@ -484,13 +484,32 @@ def point_hash(point: Point, run_context: dict[str, Any]) -> str:
 RECORD_KEYS = ("hash", "context_hash", "family", "point", "context", "metric", "quality", "relative_latency")
 
 
-def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
-  """The records of a results file ([] when absent). A last line without its newline (a write cut short
-  by a kill) is left out; any other line that is not a sweep record (bad JSON, or a JSON value without
-  the `RECORD_KEYS`) raises ValueError naming the file and line."""
+def host_shard(path: str | os.PathLike, index: int, count: int) -> pathlib.Path:
+  """Where host `index` of `count` writes its points of the run whose results file is `path`:
+  results.jsonl -> results.host-003-of-016.jsonl beside it."""
   path = pathlib.Path(path)
-  if not path.exists():
-    return []
+  return path.with_name(f"{path.stem}.host-{index:03d}-of-{count:03d}{path.suffix}")
+
+
+def result_files(path: str | os.PathLike) -> list[pathlib.Path]:
+  """A results file and the host shards written beside it (`host_shard`), those that exist."""
+  path = pathlib.Path(path)
+  shards = sorted(path.parent.glob(f"{path.stem}.host-*-of-*{path.suffix}"))
+  return [p for p in [path, *shards] if p.exists()]
+
+
+def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """The records of a results file and of its host shards, without duplicates ([] when none exists; a
+  point recorded twice keeps its last record). A last line without its newline (a write cut short by a
+  kill) is left out; any other line that is not a sweep record (bad JSON, or a JSON value without the
+  `RECORD_KEYS`) raises ValueError naming the file and line."""
+  records = {}
+  for file in result_files(path):
+    records.update((record["hash"], record) for record in _read_file(file))
+  return list(records.values())
+
+
+def _read_file(path: pathlib.Path) -> list[dict[str, Any]]:
   lines = path.read_text().split("\n")
   records = []
   for number, line in enumerate(lines[:-1], 1):  # the last piece follows the last newline
@@ -548,7 +567,8 @@ def device() -> str:
 
 # --- the sweep ----------------------------------------------------------------------------------------------
 
-def run(experiment: Experiment, *, progress: bool = True) -> list[dict[str, Any]]:
+def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] | None = None
+        ) -> list[dict[str, Any]]:
   """Runs every point of the grid not yet in `experiment.output`, appending one record per point:
 
     hash, context_hash, family, point (the canonical config), context, metric, quality,
@@ -558,25 +578,34 @@ def run(experiment: Experiment, *, progress: bool = True) -> list[dict[str, Any]
 
   Everything is validated before the first decode; nothing is written for a bad grid. Returns the
   grid's records (stored and new) in grid order.
+
+  Several hosts (`host` = (index, count); default `jax.process_index()`, `jax.process_count()`) split
+  the grid into contiguous blocks (points that share a compiled loop stay together); each host writes its
+  block to its own shard (`host_shard`) and skips points any shard already holds, so a killed host's
+  rerun redoes only its unfinished points; `read_results` (and the plots) read the shards together.
+  Returns the records of the grid that exist so far (all of them once every host has finished).
   """
+  index, count = (jax.process_index(), jax.process_count()) if host is None else host
+  output = experiment.output if count == 1 else host_shard(experiment.output, index, count)
   points = expand_grid(experiment)
   workload = load_workload(experiment)
   check_fits(points, workload)
   run_context = context(experiment, workload)
   hashes = {point: point_hash(point, run_context) for point in points}
-  drop_partial_line(experiment.output)
+  drop_partial_line(output)
   stored = {record["hash"]: record for record in read_results(experiment.output)}
-  pending = [point for point in points if hashes[point] not in stored]
+  block = np.array_split(np.arange(len(points)), count)[index]
+  mine = [points[i] for i in block]
+  pending = [point for point in mine if hashes[point] not in stored]
   shared = {"context_hash": _digest(run_context), "context": run_context, "metric": workload.task.metric,
             "git_commit": git_commit(), "device": device(),
             "seeds": {"sweep": experiment.seed,
                       "drafter": experiment.drafter.seed if experiment.drafter.preset else None,
                       "verifier": experiment.verifier.seed if experiment.verifier.preset else None}}
-  if 0 < len(pending) < len(points):
+  if 0 < len(pending) < len(mine):
     _check_one_run([stored[hashes[point]] for point in points if hashes[point] in stored], shared, experiment)
     if progress:
-      print(f"resuming: {len(points) - len(pending)} of {len(points)} points already done in {experiment.output}",
-            file=sys.stderr)
+      print(f"resuming: {len(mine) - len(pending)} of {len(mine)} points already done in {output}", file=sys.stderr)
   bar = tqdm.tqdm(pending, desc="sweep", unit="point", file=sys.stderr, disable=not progress)
   for point in bar:
     settings = " ".join(f"{name}={value}" for name, value in point.params)
@@ -588,9 +617,9 @@ def run(experiment: Experiment, *, progress: bool = True) -> list[dict[str, Any]
               "relative_latency": result["seconds_per_example"] / baseline_seconds,
               "baseline": {"hash": baseline_hash, "seconds_per_example": baseline_seconds},
               "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    append_result(experiment.output, record)
+    append_result(output, record)
     stored[hashes[point]] = record
-  return [stored[hashes[point]] for point in points]
+  return [stored[hashes[point]] for point in points if hashes[point] in stored]
 
 
 def _check_one_run(done: list[dict[str, Any]], shared: dict[str, Any], experiment: Experiment) -> None:
