@@ -118,15 +118,21 @@ def test_one_draft_is_speculative_decoding(method):
     np.testing.assert_array_equal(getattr(got.stats, name), getattr(want.stats, name), err_msg=name)
 
 
-def test_counters_charge_the_whole_tree():
-  """Per block: one verifier call scoring 1 + K·γ tree slots, γ + 1 drafter calls, K·γ draft tokens."""
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_counters_charge_the_scored_tree(temperature):
+  """Per block: one verifier call scoring the row's tree at one of the widths 1 + k·γ (k = 1, 2, 4, K: at
+  T = 0 the drafts coincide and the tree is one chain of γ + 1 nodes), γ + 1 drafter calls, K·γ drafts."""
   drafter, verifier = _transformers(12, scale=3.0)
-  num_drafts, gamma = 3, 2
+  num_drafts, gamma = 8, 2
   prompts = jnp.asarray(np.random.default_rng(0).integers(0, 12, (4, 5)), jnp.int32)
   out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, method="spectr", num_drafts=num_drafts,
-                          gamma=gamma, max_new_tokens=16, eos_id=None)
+                          gamma=gamma, temperature=temperature, max_new_tokens=16, eos_id=None)
   s = jax.tree.map(np.asarray, out.stats)
-  np.testing.assert_array_equal(s.verifier_positions, s.verifier_calls * (1 + num_drafts * gamma))
+  if temperature == 0.0:
+    np.testing.assert_array_equal(s.verifier_positions, s.verifier_calls * (gamma + 1))
+  else:
+    per_call = s.verifier_positions / s.verifier_calls
+    assert np.all(per_call > gamma + 1) and np.all(per_call <= 1 + num_drafts * gamma)
   np.testing.assert_array_equal(s.drafter_calls, s.verifier_calls * (gamma + 1))
   np.testing.assert_array_equal(s.drafted, s.verifier_calls * num_drafts * gamma)
   assert np.all(s.accepted <= s.verifier_calls * gamma) and np.all(s.rejected <= s.verifier_calls)

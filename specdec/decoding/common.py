@@ -172,9 +172,11 @@ def has_nan(x: Array) -> Array:
   return jnp.any(jnp.isnan(x.reshape(x.shape[0], -1)), axis=-1)
 
 
-def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tuple[int, ...]):
+def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tuple[int, ...], *,
+                 positions: Array | None = None, tree_mask: Array | None = None):
   """Scores tokens[:, :w] [B, w] for the smallest static w in `widths` (and tokens.shape[1]) that covers
-  every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w).
+  every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w). A token tree
+  (`positions` [B, n], `tree_mask` [B, n, n]) is cut to its first w nodes the same way.
 
   A call's cost grows with its width (scoring 11 tokens costs ~2× one on CPU), so loops that score a
   variable number of tokens per call pick the width at run time with `lax.switch` instead of always
@@ -185,7 +187,8 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
 
   def branch(width):
     def score(cache):
-      logits, cache = model.score(cache, tokens[:, :width])
+      tree = {} if positions is None else dict(positions=positions[:, :width], tree_mask=tree_mask[:, :width, :width])
+      logits, cache = model.score(cache, tokens[:, :width], **tree)
       return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache, jnp.int32(width)
     return score
 

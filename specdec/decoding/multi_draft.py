@@ -5,7 +5,9 @@ One block, shared by both methods:
   1. `IIDDrafts` draws K drafts of γ tokens, i.i.d. given the prefix (SpecTr Alg. 5's draft set): the
      drafter's cache holds K copies of every row, so each position is ONE batched call over [B·K] rows;
   2. the drafts' prefix tree (`tree.build_tree`, shared prefixes deduplicated) is scored by the verifier
-     in ONE call with tree attention: p at every draft prefix;
+     in ONE call with tree attention: p at every draft prefix — only as many nodes as the largest tree of
+     the batch holds, from a few static widths (at T = 0 the K drafts coincide and the tree is one chain
+     of γ + 1 nodes, as in `speculative`);
   3. a selection rule picks how much of which draft to keep and the token after it —
        spectr     DraftSelection with K-SEQ at every depth (SpecTr Alg. 3, `spectr.draft_selection`);
        specinfer  SpecInfer's iterative speculative sampling over the tree, one round per original draft
@@ -113,16 +115,18 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
       raise ValueError(f"method {rule!r} needs a {name} that scores token trees and keeps one path "
                        f"(`copy_slots`, models.base); {type(model).__name__} has none")
   drafts_of = IIDDrafts(drafter, num_drafts)
-  batch, width = prompts.shape[0], 1 + num_drafts * gamma
-  rows = jnp.arange(batch)
+  batch, rows = prompts.shape[0], jnp.arange(prompts.shape[0])
+  # Tree widths to choose from: one chain, then trees of 2, 4, … drafts' worth of distinct nodes.
+  widths = tuple(1 + k * gamma for k in (1, 2, 4, 8, 16, 32) if k < num_drafts)
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, key_draft, key_select = jax.random.split(state.key, 3)
     drafts = drafts_of.propose(key_draft, state.drafter_state, state.last, gamma=gamma, sampling=sampling)
     start = state.verifier_cache.lengths
     tree = tree_lib.build_tree(drafts.tokens, state.last, start)
-    logits, verifier_cache = verifier.score(state.verifier_cache, tree.tokens, positions=tree.positions,
-                                            tree_mask=tree.attention_mask)
+    needed = jnp.where(done, 1, tree.n_nodes)
+    logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, tree.tokens, needed, widths,
+                                                    positions=tree.positions, tree_mask=tree.attention_mask)
     _, p = sampling.distributions(tree_lib.gather_nodes(logits, tree))            # [B, K, γ+1, V]
     n_accepted, draft_index, next_token = _select(rule, key_select, drafts, p, sampling.temperature)
     failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafts.q)
@@ -136,8 +140,9 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
                    n_drafted=jnp.full((batch,), num_drafts * gamma, jnp.int32), calls=drafts.calls,
                    state=drafts_of.keep(drafts.state, draft_index, start, gamma + 1))
     deferred = jnp.any(jnp.abs(chosen_p - chosen_q) > 1e-6, axis=-1)               # π = p ≠ q
+    scored = common.covering_width(needed, widths, tree.tokens.shape[1])
     new_state, emission = commit(state, key, drafts_of, chosen, verifier_cache, n_accepted, next_token,
-                                 deferred, failed, done, width)
+                                 deferred, failed, done, scored)
     # `drafted` counts all K·γ draft tokens; a block is rejected when the kept path is shorter than γ.
     rejected = (jnp.maximum(n_accepted, 0) < gamma).astype(jnp.int32)
     return new_state, emission.replace(counters={**emission.counters, "rejected": rejected})
