@@ -1,71 +1,172 @@
-"""Micro-benchmark: one `verify_block` call against one softmax over the same [B, γ+1, V] logits.
+"""Micro-benchmark of the block's sampling side, in units of one softmax over the same [B, γ+1, V] logits.
 
-Usage: python scripts/bench_verify.py [--batch 8] [--gamma 8] [--vocab 32000] [--repeats 50]
+Rows: S(·) at top-P ∈ {1, 0.9, 0.5}, every rule's target π = T(q, p), `verify_block`, and the whole
+block (S(q), S(p) + token_v3 + verify) in one jit and in two. With `--before REF` the implementations at
+git revision REF (sampling, targets and verify from `git show REF:specdec/...`) are timed in the same
+process, alternating with the current ones row by row, so that the two columns share the machine's load.
+
+Usage: python scripts/bench_verify.py [--shapes 1,5,8192 8,8,32000] [--repeats 30] [--rounds 3] [--before REF]
 Prints the machine, the command and the ratios measured in this run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import pathlib
 import platform
+import statistics
+import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
 
+import specdec
 from specdec import sampling, targets, verify
 from specdec.evaluation.timing import median_seconds
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_MODULES = ("sampling", "targets", "verify")  # in import order: targets and verify import sampling
+TOP_PS = (1.0, 0.9, 0.5)
+PIPELINE_RULE = "token_v3"
+
+
+def load_revision(ref: str) -> types.SimpleNamespace:
+  """sampling, targets and verify as they are at git revision `ref`, loaded beside the current ones.
+
+  Each file is executed with `specdec.<module>` pointing at the revision's modules loaded before it, so
+  the revision's targets and verify call the revision's sampling; the package is restored afterwards.
+  """
+  loaded = {}
+  saved = {name: sys.modules[f"specdec.{name}"] for name in _MODULES}
+  try:
+    for name in _MODULES:
+      source = subprocess.run(["git", "show", f"{ref}:specdec/{name}.py"], cwd=_ROOT, check=True,
+                              capture_output=True, text=True).stdout
+      module = types.ModuleType(f"specdec.{name}@{ref}")
+      sys.modules[module.__name__] = sys.modules[f"specdec.{name}"] = module  # dataclasses look it up
+      setattr(specdec, name, module)
+      exec(compile(source, f"{ref}:specdec/{name}.py", "exec"), module.__dict__)
+      loaded[name] = module
+  finally:
+    for name, module in saved.items():
+      sys.modules[f"specdec.{name}"] = module
+      setattr(specdec, name, module)
+  return types.SimpleNamespace(**loaded)
+
+
+def programs(impl: types.SimpleNamespace, gamma: int) -> dict:
+  """Row name -> the jitted function of one implementation (with its top-P for the block rows)."""
+  jitted = {f"S(.) top-P {top_p:g}": jax.jit(lambda x, t=top_p: impl.sampling.transform(x, 1.0, t))
+            for top_p in TOP_PS}
+  for rule in impl.targets.RULES:
+    jitted[f"target {rule}"] = jax.jit(
+        lambda q, p, q_raw, p_raw, alpha, rule=rule: impl.targets.target_distribution(
+            rule, q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha))
+  jitted["verify_block (q, pi given)"] = jax.jit(impl.verify.verify_block)
+
+  def transforms(logits_q, logits_p, temperature, top_p):
+    return (impl.sampling.transform(logits_q, temperature, top_p),
+            impl.sampling.transform(logits_p, temperature, top_p))
+
+  def rule_and_verify(key, drafts, q, p, alpha):  # the deferral rule reads S(·) as the raw distributions
+    pi = impl.targets.target_distribution(PIPELINE_RULE, q=q, p=p, q_raw=q, p_raw=p, alpha=alpha)
+    return impl.verify.verify_block(key, drafts, q[:, :gamma], pi)
+
+  def block(key, drafts, logits_q, logits_p, temperature, top_p, alpha):
+    return rule_and_verify(key, drafts, *transforms(logits_q, logits_p, temperature, top_p), alpha)
+
+  transforms_jit, rule_and_verify_jit = jax.jit(transforms), jax.jit(rule_and_verify)
+
+  def block_two_jits(key, drafts, logits_q, logits_p, temperature, top_p, alpha):
+    return rule_and_verify_jit(key, drafts, *transforms_jit(logits_q, logits_p, temperature, top_p), alpha)
+
+  for top_p in (1.0, 0.9):
+    jitted[f"block top-P {top_p:g}, one jit"] = (jax.jit(block), top_p)
+    jitted[f"block top-P {top_p:g}, two jits"] = (block_two_jits, top_p)
+  return jitted
+
+
+def bench_shape(batch: int, gamma: int, vocab: int, impls: dict, repeats: int,
+                rounds_per_row: int) -> tuple[list[float], list[tuple]]:
+  """(softmax timings, [(row, {impl: seconds})]) at one shape: each row's time is the median over
+  `rounds_per_row` rounds of a median of `repeats` calls, the implementations alternating."""
+  kq, kp, kd, kv = jax.random.split(jax.random.PRNGKey(0), 4)
+  logits_q = jax.random.normal(kq, (batch, gamma + 1, vocab)) * 3
+  logits_p = jax.random.normal(kp, (batch, gamma + 1, vocab)) * 3
+  q, p = jax.nn.softmax(logits_q), jax.nn.softmax(logits_p)
+  q_raw, p_raw = jax.nn.softmax(logits_q * 0.9), jax.nn.softmax(logits_p * 0.9)  # distinct arrays
+  drafts = jax.random.categorical(kd, logits_q[:, :gamma]).astype(jnp.int32)
+  alpha = jnp.float32(0.3)
+
+  def args(row, top_p=None):
+    if row.startswith("S(.)"):
+      return (logits_p,)
+    if row.startswith("target"):
+      return (q, p, q_raw, p_raw, jnp.float32(0.5 if row.endswith("_log") or row.endswith("bild") else 0.3))
+    if row.startswith("verify"):
+      return (kv, drafts, q[:, :gamma], p)
+    return (kv, drafts, logits_q, logits_p, jnp.float32(1.0), jnp.float32(top_p), alpha)
+
+  softmax = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+  progs = {name: programs(impl, gamma) for name, impl in impls.items()}
+  softmax_times = [median_seconds(softmax, logits_p, repeats=repeats)]
+  rows = []
+  for i, row in enumerate(progs["now"]):
+    if i == len(progs["now"]) // 2:
+      softmax_times.append(median_seconds(softmax, logits_p, repeats=repeats))
+    rounds = {name: [] for name in impls if row in progs[name]}
+    for _ in range(rounds_per_row):  # implementations alternate, so that both see the same load
+      for name in rounds:
+        fn, top_p = progs[name][row] if isinstance(progs[name][row], tuple) else (progs[name][row], None)
+        rounds[name].append(median_seconds(fn, *args(row, top_p), repeats=repeats))
+    rows.append((row, {name: statistics.median(t) for name, t in rounds.items()}))
+  softmax_times.append(median_seconds(softmax, logits_p, repeats=repeats))
+  return sorted(softmax_times), rows
+
+
+def _machine() -> str:
+  model = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  return f"{platform.machine()} {model}, {os.cpu_count()} cores"
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, default=8)
-  parser.add_argument("--gamma", type=int, default=8)
-  parser.add_argument("--vocab", type=int, default=32_000)
-  parser.add_argument("--repeats", type=int, default=50)
+  parser.add_argument("--shapes", nargs="+", default=["1,5,8192", "8,8,32000"],
+                      help="B,gamma,V triples")
+  parser.add_argument("--repeats", type=int, default=30)
+  parser.add_argument("--rounds", type=int, default=3, help="rounds per row, implementations alternating")
+  parser.add_argument("--before", metavar="REF", default=None,
+                      help="also time sampling/targets/verify at this git revision (e.g. HEAD)")
   args = parser.parse_args()
-  b, g, v = args.batch, args.gamma, args.vocab
 
-  key = jax.random.PRNGKey(0)
-  kq, kp, kd, kv = jax.random.split(key, 4)
-  logits_q = jax.random.normal(kq, (b, g + 1, v)) * 3
-  logits_p = jax.random.normal(kp, (b, g + 1, v)) * 3
-  q = jax.nn.softmax(logits_q)[:, :g]
-  pi = jax.nn.softmax(logits_p)
-  drafts = jax.random.categorical(kd, jnp.log(q)).astype(jnp.int32)
-
-  softmax = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
-  kernel = jax.jit(verify.verify_block)
-
-  def transforms(logits_q, logits_p, temperature):
-    return sampling.transform(logits_q, temperature), sampling.transform(logits_p, temperature)
-
-  def rule_and_verify(key, drafts, q_all, p_all, alpha):
-    pi = targets.target_distribution("token_v3", q=q_all, p=p_all, q_raw=q_all, p_raw=p_all, alpha=alpha)
-    return verify.verify_block(key, drafts, q_all[:, :g], pi)
-
-  @jax.jit
-  def fused(key, drafts, logits_q, logits_p, temperature, alpha):
-    return rule_and_verify(key, drafts, *transforms(logits_q, logits_p, temperature), alpha)
-
-  transforms_jit, rule_and_verify_jit = jax.jit(transforms), jax.jit(rule_and_verify)
-
-  def separate(key, drafts, logits_q, logits_p, temperature, alpha):
-    return rule_and_verify_jit(key, drafts, *transforms_jit(logits_q, logits_p, temperature), alpha)
-
-  t_softmax = median_seconds(softmax, logits_p, repeats=args.repeats)
-  t_verify = median_seconds(kernel, kv, drafts, q, pi, repeats=args.repeats)
-  t_fused = median_seconds(fused, kv, drafts, logits_q, logits_p, 1.0, 0.3, repeats=args.repeats)
-  t_separate = median_seconds(separate, kv, drafts, logits_q, logits_p, 1.0, 0.3, repeats=args.repeats)
-
-  print(f"machine: {platform.machine()} {platform.processor() or ''} | {jax.devices()[0].device_kind} | "
-        f"jax {jax.__version__} | python {platform.python_version()}")
+  impls = {"now": types.SimpleNamespace(sampling=sampling, targets=targets, verify=verify)}
+  if args.before:
+    impls[args.before] = load_revision(args.before)
+  print(f"machine: {_machine()} | {jax.devices()[0].device_kind} | jax {jax.__version__} | "
+        f"python {platform.python_version()}")
   print(f"command: {' '.join([sys.executable.split('/')[-1]] + sys.argv)}")
-  print(f"shape: B={b}, gamma={g}, V={v}; median of {args.repeats} calls after warm-up")
-  print(f"softmax over [B, gamma+1, V]:              {t_softmax * 1e3:8.3f} ms   (1.00x)")
-  print(f"verify_block (q, pi given):                {t_verify * 1e3:8.3f} ms   ({t_verify / t_softmax:.2f}x)")
-  for name, t in [("one jit", t_fused), ("two jits", t_separate)]:
-    print(f"S(.) of q and p + token_v3 + verify, {name}: {t * 1e3:7.3f} ms   ({t / t_softmax:.2f}x)")
+  print(f"median over {args.rounds} rounds of the median of {args.repeats} calls after warm-up, "
+        "implementations alternating; ratios to one softmax over the same logits "
+        "(the median of three timings of it: before, between and after the rows), measured in this run")
+  for shape in args.shapes:
+    batch, gamma, vocab = (int(x) for x in shape.split(","))
+    softmax_times, rows = bench_shape(batch, gamma, vocab, impls, args.repeats, args.rounds)
+    base = softmax_times[1]
+    print(f"\nB={batch}, gamma={gamma}, V={vocab}: softmax over [B, gamma+1, V] {base * 1e3:.3f} ms "
+          f"(timings {', '.join(f'{t * 1e3:.3f}' for t in softmax_times)})")
+    print(f"{'':32s}" + "".join(f"{name + ' ms':>12s}{'ratio':>8s}" for name in impls))
+    for row, times in rows:
+      cells = "".join(f"{times[n] * 1e3:12.3f}{times[n] / base:7.2f}x" if n in times else " " * 20
+                      for n in impls)
+      print(f"{row:32s}{cells}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 
 `train` is `specdec.training.train_and_evaluate`; `make_optimizer`, the data sources `markov_batches`
 (synthetic), `prefix_lm_batches` and `seq2seq_batches` (the local Debian tasks for decoder-only and T5
-models, `specdec.data.tasks`) and `export` (the trained parameters as a model directory for
+models, `specdec.data.tasks`), `seqio_batches` (a seqio task such as the paper's WMT / XSum / CNN-DM:
+`specdec.data.seqio_tasks`) and `export` (the trained parameters as a model directory for
 `checkpoint.load_model`, e.g. in bfloat16) are configurable too. It resumes from the latest checkpoint in
 `train.model_dir` and writes the gin config it ran with there (config.gin). Gin files and their includes are looked up from the
 working directory, then from the repository root.
@@ -19,10 +20,11 @@ import pathlib
 
 import gin
 
+import jax
 import jax.numpy as jnp
 
 from specdec import models, training
-from specdec.data import tasks
+from specdec.data import seqio_tasks, tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -31,6 +33,7 @@ gin.external_configurable(training.make_optimizer, "make_optimizer")
 gin.external_configurable(training.markov_batches, "markov_batches")
 gin.external_configurable(tasks.prefix_lm_batches, "prefix_lm_batches")
 gin.external_configurable(tasks.seq2seq_batches, "seq2seq_batches")
+gin.external_configurable(seqio_tasks.seqio_batches, "seqio_batches")
 
 
 @gin.configurable
@@ -57,7 +60,12 @@ def main(argv: list[str] | None = None):
   parser.add_argument("--gin_file", action="append", default=[], help="a gin file; repeatable, later ones win")
   parser.add_argument("--gin_bindings", action="append", default=[],
                       help="a gin binding such as \"train.num_steps = 100\"; repeatable, applied after the files")
+  parser.add_argument("--multihost", action="store_true",
+                      help="jax.distributed.initialize() first (every host of a TPU slice runs this command; "
+                           "train.mesh_shape spans all their chips, every host reads the same global batches)")
   args = parser.parse_args(argv)
+  if args.multihost:
+    jax.distributed.initialize()
   parse_gin(args.gin_file, args.gin_bindings)
   model_dir = gin.query_parameter("train.model_dir")
   if model_dir:

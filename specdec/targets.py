@@ -10,6 +10,7 @@ Every function is jit-able with α and β traced; the rule name is static.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import checks
-from specdec.sampling import entropy
+from specdec.sampling import entropy, masked_sum
 
 Array = jax.Array
 
@@ -56,19 +57,21 @@ def check_beta(alpha, beta) -> None:
 
 
 def _per_token(x) -> Array:
-  """A scalar or [...] parameter, broadcast against [..., V]."""
-  return jnp.asarray(x, jnp.float32)[..., None]
+  """A scalar or [...] parameter, broadcast against [..., V]. A scalar stays a scalar: broadcast to
+  [..., 1], XLA:CPU writes it out at [..., V] when two fusions share it."""
+  x = jnp.asarray(x, jnp.float32)
+  return x if x.ndim == 0 else x[..., None]
 
 
 def tv_distance(p: Array, q: Array) -> Array:
   """D_TV(p, q) = Σ_v max(0, p(v) − q(v)) over the last axis (Lemma 3)."""
-  return jnp.sum(jnp.maximum(p - q, 0.0), axis=-1)
+  return masked_sum(p - q, p > q)[0]
 
 
 def bild_discrepancy(q: Array, p_raw: Array) -> Array:
   """D(q, p) = −Σ_v q(v)·log p_raw(v): cross-entropy, and −log p_raw(argmax q) when q is one-hot."""
   log_p = jnp.log(jnp.maximum(p_raw, jnp.finfo(jnp.float32).tiny))
-  return -jnp.sum(jnp.where(q > 0, q * log_p, 0.0), axis=-1)
+  return -masked_sum(q * log_p, q > 0)[0]
 
 
 def deferral(rule: str, *, q_raw: Array, p_raw: Array | None = None, q: Array | None = None,
@@ -130,30 +133,43 @@ def lossy_target(q: Array, p: Array, alpha, beta) -> Array:
   return jnp.maximum(jnp.minimum(q, p / (1.0 - _per_token(alpha))), p / _per_token(beta))
 
 
+@functools.partial(jax.jit, static_argnames=("iterations",))
 def lossy_beta(q: Array, p: Array, alpha, *, iterations: int = 64) -> Array:
-  """β* ≥ 1 solving Σ max(0, q − p/(1−α)) = Σ max(0, p/β − q) (App. F.6), by bisection. [..., V] -> [...].
+  """β* ≥ 1 solving Σ max(0, q − p/(1−α)) = Σ max(0, p/β − q) (App. F.6) by Newton's method. [..., V] -> [...]
 
-  The right side decreases in β and at β = 1 it is D_TV(p, q) ≥ the left side, so β* ≥ 1; since
-  Σ max(0, p/β − q) ≤ 1/β, β = 1/lhs is an upper bracket. Bisection runs on log β. With this β*,
-  Σ π_Lossy = 1 exactly. When the left side is 0 every β ≥ max p/q solves it; all give π = q, and the
-  bisection returns (an approximation of) the smallest.
+  In x = 1/β the right side f(x) = Σ max(0, p·x − q) is convex, piecewise linear and increasing, and
+  f(1) = D_TV(p, q) ≥ lhs, the left side; so Newton's iteration from β = 1,
+  β ← Σ_{p > βq} p / (lhs + Σ_{p > βq} q), increases β monotonically to β*, exactly once the set
+  {p > βq} stops changing. Each step is one pass over q and p. It converges quadratically (relative steps
+  9e-3, 7e-6, 0 at V = 32k), so it stops after a step below 2^-16 of β, whose successor would be below
+  float32 resolution, or once the set is unchanged: 2 steps at V = 32k (at most `iterations`), where a
+  bisection took 64 passes. With this β*, Σ π_Lossy = 1. When lhs = 0 every β ≥ max p/q solves it and
+  all give π = q: the smallest, max(1, max p/q) (at most 1e12, where q = 0 < p), is returned.
   """
-  lhs = jnp.sum(jnp.maximum(q - p / (1.0 - _per_token(alpha)), 0.0), axis=-1)
+  excess = q - p / (1.0 - _per_token(alpha))
+  lhs, n_excess = masked_sum(excess, excess > 0.0)
+  tuned = n_excess > 0
 
-  def excess(log_beta):
-    return jnp.sum(jnp.maximum(p / jnp.exp(log_beta)[..., None] - q, 0.0), axis=-1) - lhs
+  def moving(state):
+    beta, previous, n_active, n_previous, k = state
+    moved = (beta - previous > beta * 2.0 ** -16) & (n_active != n_previous)
+    return jnp.any(tuned & moved) & (k < iterations)
 
-  lo = jnp.zeros_like(lhs)
-  hi = jnp.log(1.0 / jnp.maximum(lhs, 1e-12))
+  def newton(state):
+    beta, _, previous_count, _, k = state
+    active = p > beta[..., None] * q
+    (above_p, n_active), (above_q, _) = masked_sum(p, active), masked_sum(q, active)
+    step = jnp.where(tuned, jnp.maximum(beta, above_p / (lhs + above_q)), beta)
+    return step, beta, n_active, previous_count, k + 1
 
-  def step(_, bracket):
-    lo, hi = bracket
-    mid = 0.5 * (lo + hi)
-    too_small = excess(mid) > 0.0  # β too small: residual mass exceeds the rejected mass
-    return jnp.where(too_small, mid, lo), jnp.where(too_small, hi, mid)
+  ones = jnp.ones_like(lhs)
+  unset = jnp.full(lhs.shape, -1, jnp.int32)
+  beta = jax.lax.while_loop(moving, newton, newton((ones, ones, unset, unset, 0)))[0]
 
-  lo, hi = jax.lax.fori_loop(0, iterations, step, (lo, hi))
-  return jnp.exp(hi)
+  def smallest_solution(_):
+    return jnp.clip(jnp.max(p / jnp.maximum(q, jnp.finfo(jnp.float32).tiny), axis=-1), 1.0, 1e12)
+
+  return jnp.where(tuned, beta, jax.lax.cond(jnp.all(tuned), lambda _: ones, smallest_solution, None))
 
 
 def target_distribution(rule: str, *, q: Array, p: Array, q_raw: Array, p_raw: Array, alpha=0.0,
@@ -181,7 +197,7 @@ def target_distribution(rule: str, *, q: Array, p: Array, q_raw: Array, p_raw: A
     delta = deferral(rule, q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=alpha)[..., None]
     return jnp.where(delta, p, q)
   r = token_deferral(rule, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
-  eta = jnp.sum(jnp.where(r, q, 0.0), axis=-1, keepdims=True)
+  eta = masked_sum(q, r)[0][..., None]
   return jnp.where(r, 0.0, q) + p * eta
 
 

@@ -43,6 +43,104 @@ def test_transform_matches_definition(temperature, top_p, top_k):
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-6)
 
 
+def _top_p_by_bisection(logits, temperature, top_p):
+  """S(·) without top-k as the definition computes it (the implementation before the certified search):
+  32 masked sums bisect τ* on the float32 bit pattern, ties at τ* are kept lowest index first while
+  rank·τ* < room. The fast top-P must agree with it bit for bit."""
+  logits = jnp.asarray(logits, jnp.float32)
+  temperature = jnp.asarray(temperature, jnp.float32)[..., None]
+  top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32)[..., None], logits.shape[:-1] + (1,))
+  greedy = temperature <= 0.0
+  probs = jax.nn.softmax(logits / jnp.where(greedy, 1.0, temperature), axis=-1)
+  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
+
+  def measure_from(threshold):
+    return jnp.sum(jnp.where(bits >= threshold, probs, 0.0), axis=-1, keepdims=True)
+
+  def bisect(_, bracket):
+    lo, hi = bracket
+    mid = lo + (hi - lo) // 2
+    enough = measure_from(mid) >= top_p
+    return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+  lo, _ = jax.lax.fori_loop(0, 32, bisect, (jnp.zeros_like(top_p, jnp.int32),
+                                            jnp.max(bits, axis=-1, keepdims=True) + 1))
+  above, tied = bits > lo, bits == lo
+  room = top_p - jnp.sum(jnp.where(above, probs, 0.0), axis=-1, keepdims=True)
+  keep = above | (tied & ((jnp.cumsum(tied, axis=-1) - 1) * probs < room))
+  kept = jnp.where(keep, probs, 0.0)
+  truncated = jnp.where(jnp.all(top_p >= 1.0), probs, kept / jnp.sum(kept, axis=-1, keepdims=True))
+  one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  return jnp.where(greedy, one_hot, truncated)
+
+
+_transform = jax.jit(sampling.transform)
+_definition = jax.jit(_top_p_by_bisection)
+
+
+def _assert_same_bits(logits, temperature, top_p):
+  got = np.asarray(_transform(logits, temperature, top_p))
+  want = np.asarray(_definition(logits, temperature, top_p))
+  np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize("vocab, scale", [(11, 2.0), (1000, 3.0), (32_000, 3.0)])
+def test_top_p_equals_bisection_bit_for_bit(vocab, scale):
+  logits = jnp.asarray(np.random.default_rng(vocab).normal(size=(6, vocab)) * scale, jnp.float32)
+  for temperature in (0.0, 0.7, 1.0):
+    for top_p in (1.0, 0.999, 0.9, 0.5, 0.1):
+      _assert_same_bits(logits, temperature, top_p)
+
+
+def test_top_p_bit_for_bit_on_ties_one_hot_rows_and_whole_vocabulary_nuclei():
+  rng = np.random.default_rng(7)
+  ties = rng.integers(-3, 3, size=(8, 64)).astype(np.float32)                 # groups of equal p
+  uniform = np.zeros((8, 64), np.float32)                                      # one group of 64
+  one_hot = np.full((8, 64), -np.inf, np.float32)
+  one_hot[np.arange(8), rng.integers(0, 64, 8)] = 0.0                          # p = (0, .., 1, .., 0)
+  flat = (rng.normal(size=(8, 64)) * 1e-3).astype(np.float32)                  # nucleus = whole vocabulary
+  bf16 = np.asarray(jnp.asarray(rng.normal(size=(8, 64)) * 3, jnp.bfloat16), np.float32)
+  logits = jnp.asarray(np.concatenate([ties, uniform, one_hot, flat, bf16]))
+  for top_p in (1.0, 1 - 1e-7, 0.99, 0.7, 0.5, 0.3, 1 / 64, 1e-3):
+    _assert_same_bits(logits, 1.0, top_p)
+  per_row = jnp.asarray(rng.choice([1.0, 0.9, 0.5, 0.25], size=40), jnp.float32)  # mixed top_p = 1 rows
+  _assert_same_bits(logits, jnp.asarray(rng.choice([0.0, 0.5, 1.0], size=40), jnp.float32), per_row)
+
+
+def test_top_p_bit_for_bit_where_the_search_and_the_definition_sum_differently():
+  """top_p set to the definition's own Σ_{p ≥ p_v} p: at such budgets the search's vectorised sums and
+  the definition's fall on both sides of top_p in some rows, which the certificate must catch."""
+  logits = jnp.asarray(np.random.default_rng(8).normal(size=(64, 2000)) * 2, jnp.float32)
+  probs = jax.nn.softmax(logits)
+  values = jnp.take_along_axis(probs, jnp.asarray(np.random.default_rng(9).integers(0, 2000, (64, 1))), -1)
+  threshold = jax.lax.bitcast_convert_type(values, jnp.int32)
+  definition_sum = jnp.minimum(sampling._mass_from(probs, threshold)[:, 0], 1.0)
+  search_sum = jnp.minimum(sampling._probe(probs, threshold)[0][:, 0], 1.0)
+  assert np.any(np.asarray(definition_sum != search_sum)), "the fixture must make the two orders disagree"
+  for top_p in (definition_sum, search_sum, jnp.nextafter(definition_sum, 2.0)):
+    _assert_same_bits(logits, 1.0, jnp.minimum(top_p, 1.0))
+
+
+def test_certificate_sums_are_the_definitions_bit_for_bit():
+  """The certificate's arithmetic mask sums to exactly what `jnp.sum(jnp.where(bits >= t, p, 0))` gives,
+  at thresholds on, next to and below the values (0, the smallest subnormal, probabilities near 1e-38)."""
+  rng = np.random.default_rng(10)
+  probs = jax.nn.softmax(jnp.asarray(rng.normal(size=(16, 3000)) * rng.choice([1.0, 3.0, 40.0], (16, 1)),
+                                     jnp.float32))
+  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
+  values_bits = jnp.take_along_axis(bits, jnp.asarray(rng.integers(0, 3000, (16, 8))), -1)
+  thresholds = jnp.maximum(values_bits + rng.integers(-1, 2, (16, 8)), 0)  # bit patterns: never negative
+  thresholds = jnp.concatenate([jnp.zeros((16, 1), jnp.int32), jnp.ones((16, 1), jnp.int32), thresholds], -1)
+  values = np.asarray(probs)
+  assert np.any((values > 0) & (values < 1e-30)), "the fixture must hold probabilities near 1e-38"
+  definition = jax.jit(lambda p, t: jnp.sum(
+      jnp.where(jax.lax.bitcast_convert_type(p, jnp.int32) >= t, p, 0.0), axis=-1, keepdims=True))
+  for j in range(thresholds.shape[1]):
+    threshold = thresholds[:, j:j + 1]
+    got, want = jax.jit(sampling._mass_from)(probs, threshold), definition(probs, threshold)
+    np.testing.assert_array_equal(np.asarray(got).view(np.int32), np.asarray(want).view(np.int32))
+
+
 def test_temperature_zero_is_argmax_lowest_index_on_ties():
   logits = jnp.array([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
   np.testing.assert_array_equal(sampling.transform(logits, 0.0), [[0, 1, 0, 0], [1, 0, 0, 0]])
@@ -99,6 +197,14 @@ def test_sample_follows_weights():
   weights = jnp.array([0.0, 2.0, 1.0, 0.5, 0.0, 4.5])
   draws = sampling.sample(jax.random.PRNGKey(0), jnp.broadcast_to(weights, (100_000, 6)))
   assert_law(np.asarray(draws), np.asarray(weights) / weights.sum(), what="sample")
+
+
+def test_masked_sum_sums_and_counts_the_masked_entries():
+  values = np.random.default_rng(3).normal(size=(4, 5, 300)).astype(np.float32)
+  mask = values > 0.3
+  total, count = sampling.masked_sum(jnp.asarray(values), jnp.asarray(mask))
+  np.testing.assert_allclose(total, np.where(mask, values, 0).sum(-1), rtol=1e-5)
+  np.testing.assert_array_equal(count, mask.sum(-1))
 
 
 def test_entropy():

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from specdec.data import debian
-from specdec.data.seqio_tasks import (SEQIO_TASKS, T5_VOCAB_ENV, feature_lengths, register_tasks,
+from specdec.data.seqio_tasks import (SEQIO_TASKS, T5_VOCAB_ENV, feature_lengths, register_tasks, seq2seq_rows,
                                       split_prefix, text_example)
 from specdec.data.tasks import TASKS
 from specdec.data.vocab import load_vocabulary
@@ -152,3 +152,24 @@ def test_tfds_names_and_fields_exist(seqio, tmp_path):
     if not task.is_local:
       builder = tfds.builder(task.text.dataset, data_dir=str(tmp_path))  # reads no data
       assert {task.text.input_field or "text", task.text.target_field} <= set(builder.info.features.keys())
+
+
+def test_seqio_examples_become_the_t5_training_batch_of_the_local_tasks():
+  """`seq2seq_rows` (what `seqio_batches` yields) lays out seqio's {'inputs', 'targets'} as
+  `tasks.seq2seq_batches` does: the encoder input and its length, the start token 0 then the targets with
+  weight 1, zero padding; a source longer than its width is cut."""
+  vocab = load_vocabulary()
+  record = EXAMPLES["specdec_debian_synopsis"][0]
+  task = TASKS["debian_synopsis"]
+  inputs, targets = (vocab.encode(text) + [vocab.eos_id] for text in task.inputs_and_targets(record))
+  batch = seq2seq_rows([{"inputs": inputs, "targets": targets}, {"inputs": inputs[:3], "targets": targets[:2]}],
+                       encoder_len=16, decoder_len=8)
+  assert {k: v.shape for k, v in batch.items()} == {"encoder_inputs": (2, 16), "encoder_lengths": (2,),
+                                                     "inputs": (2, 8), "weights": (2, 8)}
+  assert batch["encoder_inputs"][0].tolist() == inputs[:16] and batch["encoder_lengths"].tolist() == [16, 3]
+  assert len(inputs) > 16 and len(targets) == 4
+  assert batch["inputs"][0].tolist() == [0] + targets + [0] * 3
+  assert batch["weights"][0].tolist() == [0] + [1] * 4 + [0] * 3
+  assert batch["inputs"][1].tolist() == [0] + targets[:2] + [0] * 5
+  assert batch["weights"][1].tolist() == [0, 1, 1, 0, 0, 0, 0, 0]
+  assert batch["encoder_inputs"][1].tolist() == inputs[:3] + [0] * 13

@@ -290,3 +290,37 @@ def test_lm_task_quality_is_the_verifiers_log_likelihood(tmp_path):
   # Random tiny models are near uniform over the 8192 pieces: log-likelihood ≈ −log 8192 = −9.01 nats.
   for r in records:
     assert r["metric"] == "log_likelihood" and -10.0 < r["quality"] < -8.0
+
+
+def test_a_t5_pair_on_a_tfds_task_decodes_t5_prompts(tmp_path, monkeypatch):
+  """The paper's setting in small: an encoder-decoder pair on a tfds task ('wmt_t2t_ende'; its records come
+  from `seqio_tasks.tfds_records`, here in memory) gets T5's encoder inputs as prompts — the task prefix, no
+  decoder-only separator — and the grid runs with BLEU against the references."""
+  from specdec.data import seqio_tasks, tasks
+  from specdec.data.vocab import load_vocabulary
+  records = [{"en": f"The package {name} provides a small tool.", "de": f"Das Paket {name} stellt ein kleines "
+              "Werkzeug bereit."} for name in ("kilo", "nano", "vim", "less")]
+  asked = []
+
+  def fake_tfds_records(name, split, *, data_dir=None, limit=None):
+    asked.append((name, split, data_dir, limit))
+    return records[:limit]
+
+  monkeypatch.setattr(seqio_tasks, "tfds_records", fake_tfds_records)
+  experiment = _smoke(tmp_path / "t5.jsonl", "Experiment.task = 'wmt_t2t_ende'", "Experiment.n_examples = 4",
+                      "Experiment.split = 'test'", "Experiment.tfds_data_dir = '/data/tfds'",
+                      "drafter/ModelSource.preset = 't5_tiny'", "verifier/ModelSource.preset = 't5_tiny'",
+                      "Experiment.families = [@token_v3/Family()]", "token_v3/Family.alphas = [0.5]")
+  workload = sweep.load_workload(experiment)
+  assert asked == [("specdec_wmt_t2t_ende", "test", "/data/tfds", 4)]
+  want = [load_vocabulary().encode("translate English to German: " + r["en"]) + [1] for r in records]
+  for prompt, length, ids in zip(workload.prompts, workload.prompt_lengths, want):
+    assert prompt[:length].tolist() == ids
+  assert workload.references == [r["de"] for r in records]
+  done = sweep.run(experiment, progress=False)
+  assert len(done) == 2 and {r["metric"] for r in done} == {"bleu"}   # the verifier alone, one SpecCascade
+  with pytest.raises(ValueError, match="unknown task 'wmt'; local tasks: .*tfds tasks: wmt_t2t_ende"):
+    sweep.run(_smoke(tmp_path / "bad.jsonl", "Experiment.task = 'wmt'"), progress=False)
+  with pytest.raises(ValueError, match="both be encoder-decoder"):
+    sweep.load_workload(_smoke(tmp_path / "mixed.jsonl", "Experiment.task = 'wmt_t2t_ende'",
+                               "verifier/ModelSource.preset = 't5_tiny'"))

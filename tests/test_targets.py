@@ -91,6 +91,29 @@ def test_tuned_beta_solves_balance_condition():
   np.testing.assert_allclose(np.sum(targets.lossy_target(q, p, alpha, beta), -1), 1.0, atol=2e-6)
 
 
+@pytest.mark.parametrize("vocab", [5, 64, 1000])
+def test_tuned_beta_newton_equals_float64_bisection(vocab):
+  """Newton's β* against a 200-step float64 bisection on Σ max(0, p/β − q) = Σ max(0, q − p/(1−α)), and
+  the smallest solution max(1, max p/q) where the left side is 0 (q = p, or α large)."""
+  rng = np.random.default_rng(vocab)
+  q, p, _, _ = _pair(vocab, shape=(128, vocab), scale=3.0)
+  q = q.at[:8].set(p[:8])  # lhs = 0: β* = max(1, max p/q) = 1
+  alpha = jnp.asarray(rng.uniform(0.0, 0.99, size=128), jnp.float32)
+  got = np.asarray(targets.lossy_beta(q, p, alpha))
+  q64, p64, a64 = (np.asarray(x, np.float64) for x in (q, p, alpha))
+  lhs = np.maximum(q64 - p64 / (1 - a64[:, None]), 0).sum(-1)
+  lo, hi = np.ones(128), np.full(128, 1e12)
+  for _ in range(200):
+    mid = np.sqrt(lo * hi)
+    too_small = np.maximum(p64 / mid[:, None] - q64, 0).sum(-1) > lhs
+    lo, hi = np.where(too_small, mid, lo), np.where(too_small, hi, mid)
+  tuned = lhs > 0
+  assert tuned.sum() > 64 and (~tuned).sum() >= 8
+  np.testing.assert_allclose(got[tuned], hi[tuned], rtol=2e-6)
+  smallest = np.clip(np.max(p64 / np.maximum(q64, 1e-38), -1), 1.0, 1e12)
+  np.testing.assert_allclose(got[~tuned], smallest[~tuned], rtol=1e-6)
+
+
 @pytest.mark.parametrize("rule", targets.CASCADE_RULES)
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.5, 0.7)])
 def test_lemma3_rejection_rate_is_delta_times_tv(rule, temperature, top_p):

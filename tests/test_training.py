@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from specdec import models, training
-from specdec.data import tasks
-from specdec.models import t5
+from specdec.data import seqio_tasks, tasks
+from specdec.models import partitioning, t5
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 V, L, B = 32, 32, 8
@@ -431,3 +431,29 @@ def test_distillation_run_starts_from_an_export_and_rejects_bad_settings(tmp_pat
   with pytest.raises(ValueError, match="vocab_size"):
     training.train_and_evaluate(model_dir=None, num_steps=1, teacher=str(tmp_path / "teacher"),
                                 **{**kwargs, "vocab_size": 2 * V})
+
+
+@pytest.mark.parametrize("size, preset, mesh", [("small", "t5_small", (-1, 1)), ("large", "t5_large", (-1, 2)),
+                                                ("xl", "t5_xl", (-1, 8))])
+@pytest.mark.parametrize("task, steps", [("wmt", 250_000), ("xsum", 100_000), ("cnndm", 200_000)])
+def test_paper_t5_configs_bind_the_papers_fine_tuning(size, preset, mesh, task, steps):
+  """configs/train/paper_t5_<size>.gin + paper_task_<task>.gin: T5 v1.1 from its T5X checkpoint, a seqio
+  task, Adafactor at a constant 1e-3, the paper's step budget, a mesh whose model axis divides the
+  preset's sharded dimensions."""
+  gin.clear_config()
+  try:
+    train_script.parse_gin([f"configs/train/paper_t5_{size}.gin", f"configs/train/paper_task_{task}.gin"], [])
+    query = gin.query_parameter
+    assert (query("train.preset"), query("train.mesh_shape"), query("train.num_steps")) == (preset, mesh, steps)
+    assert query("train.init_from_t5x").endswith(f"t5_1_1_{size}/checkpoint_1000000")
+    assert query("train.vocab_size") == 32128 and query("train.data_source").selector == "seqio_batches"
+    assert (query("make_optimizer.name"), query("make_optimizer.decay")) == ("adafactor", "constant")
+    assert "specdec_" + query("seqio_batches.task") in seqio_tasks.SEQIO_TASKS
+  finally:
+    gin.clear_config()
+  model = jax.eval_shape(functools.partial(models.build, preset, vocab_size=32128))
+  assert models.count_params(model) > 7e7
+  axes = jax.tree.leaves(partitioning.logical_axes(model.params), is_leaf=lambda x: isinstance(x, tuple))
+  for names, leaf in zip(axes, jax.tree.leaves(model.params)):
+    for name, dim in zip(names, leaf.shape):
+      assert name not in ("vocab", "mlp", "joined_kv") or dim % mesh[1] == 0, (names, leaf.shape)

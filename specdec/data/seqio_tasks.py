@@ -23,6 +23,9 @@ LM tasks have the single feature 'targets' = the text, what seqio's `LMFeatureCo
 continuation only. Splitting at a space keeps the tokens those of the whole text (SentencePiece pieces
 do not cross spaces).
 
+Training on a task (T5 fine-tuning, `scripts/train.py`): `seqio_batches` is a `specdec.training` DataSource
+of its examples, gin-configurable as `seqio_batches.task = 'wmt_t2t_ende'`.
+
 Usage: `register_tasks(...)`, then `seqio.get_mixture_or_task(name).get_dataset(feature_lengths(name),
 split)` or a T5X gin file naming the task. seqio is optional (`pip install -e '.[seqio]'`): this module
 imports without it, and only `register_tasks` needs it.
@@ -32,7 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
+from typing import Iterator, Sequence
+
+import numpy as np
 
 from specdec.data import debian
 from specdec.data.tasks import TASKS, Task
@@ -185,3 +192,65 @@ def register_tasks(*, source: str | os.PathLike = "auto", t5_vocab_path: str | N
         preprocessors=[functools.partial(_text_preprocessor, name=task.name), seqio.preprocessors.tokenize,
                        seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim])
   return list(SEQIO_TASKS)
+
+
+def seq2seq_rows(examples: Sequence[dict[str, np.ndarray]], *, encoder_len: int, decoder_len: int
+                 ) -> dict[str, np.ndarray]:
+  """seqio examples {'inputs': ids, 'targets': ids} (eos appended) as one T5 training batch, the layout of
+  `specdec.data.tasks.seq2seq_batches`: 'encoder_inputs' [B, encoder_len] and 'encoder_lengths' [B],
+  decoder 'inputs' [B, decoder_len] = [T5's start token 0] + targets, 'weights' 1 on the target tokens
+  (module docstring of `specdec.training.train`); longer sides are cut, shorter ones padded with 0."""
+  rows = len(examples)
+  batch = {"encoder_inputs": np.zeros((rows, encoder_len), np.int32), "encoder_lengths": np.zeros(rows, np.int32),
+           "inputs": np.zeros((rows, decoder_len), np.int32), "weights": np.zeros((rows, decoder_len), np.float32)}
+  for row, example in enumerate(examples):
+    inputs = np.asarray(example["inputs"], np.int32)[:encoder_len]
+    targets = np.asarray(example["targets"], np.int32)[:decoder_len - 1]
+    batch["encoder_inputs"][row, :len(inputs)] = inputs
+    batch["encoder_lengths"][row] = len(inputs)
+    batch["inputs"][row, 1:1 + len(targets)] = targets   # position 0: the start token (0)
+    batch["weights"][row, 1:1 + len(targets)] = 1.0
+  return batch
+
+
+def seqio_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: int, start: int = 0, task: str,
+                  encoder_len: int | None = None, tfds_data_dir: str | None = None, t5_vocab_path: str | None = None,
+                  seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+  """A `specdec.training` DataSource of a seqio task's examples (`SEQIO_TASKS`, e.g. 'wmt_t2t_ende', 'xsum',
+  'cnn_dailymail'), as T5 batches (`seq2seq_rows`): decoder width `seq_len` (start token + targets),
+  encoder width `encoder_len` (default: the task's input budget). The training split is shuffled with
+  `seed` and repeated; batch i is examples [i·B, (i+1)·B) of that deterministic stream, so a resumed run
+  (`start`) skips what it has seen. Needs seqio (`pip install -c constraints.txt -e '.[seqio]'`)."""
+  import seqio
+  name = task if task.startswith("specdec_") else "specdec_" + task
+  text = get_seqio_task(name).text
+  if text.input_field is None:
+    raise ValueError(f"seqio_batches trains encoder-decoder models; {task!r} is a language-modelling task")
+  encoder_len = encoder_len or text.max_input_tokens
+  register_tasks(t5_vocab_path=t5_vocab_path, tfds_data_dir=tfds_data_dir)
+  training = split == "train"
+  dataset = seqio.get_mixture_or_task(name).get_dataset(
+      {"inputs": encoder_len, "targets": seq_len - 1}, split=split, shuffle=training, seed=seed,
+      num_epochs=None if training else 1)
+  examples = dataset.skip(start * batch_size).as_numpy_iterator()
+  while batch := list(itertools.islice(examples, batch_size)):
+    rows = seq2seq_rows(batch, encoder_len=encoder_len, decoder_len=seq_len)
+    largest = int(max(rows["inputs"].max(initial=0), rows["encoder_inputs"].max(initial=0)))
+    if largest >= vocab_size:
+      raise ValueError(f"token id {largest} of {name} is outside the model's vocabulary ({vocab_size})")
+    yield rows
+
+
+def tfds_records(name: str, split: str, *, data_dir: str | None = None, limit: int | None = None
+                 ) -> list[dict[str, str]]:
+  """The first `limit` records of a tfds task's split (`SEQIO_TASKS`, e.g. 'specdec_wmt_t2t_ende') as text
+  fields, in the dataset's order: what the sweeps decode. Needs tensorflow_datasets and the data in
+  `data_dir` (default: tfds's own); nothing is downloaded."""
+  import tensorflow_datasets as tfds
+  task = get_seqio_task(name)
+  if task.is_local:
+    raise ValueError(f"{name} is a local task: read it with specdec.data.load")
+  dataset = tfds.load(task.text.dataset, split=split, data_dir=data_dir, shuffle_files=False, download=False)
+  if limit is not None:
+    dataset = dataset.take(limit)
+  return [{field: example[field].decode("utf-8") for field in _fields(task)} for example in tfds.as_numpy(dataset)]

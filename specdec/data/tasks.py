@@ -94,18 +94,21 @@ def get_task(name: str) -> Task:
   return TASKS[name]
 
 
-def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decoder: bool = False
-                   ) -> tuple[list[int], list[int]]:
+def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decoder: bool = False,
+                   encoder_eos: bool = False) -> tuple[list[int], list[int]]:
   """(prompt ids, target ids ending in eos) of a record, each within its budget.
 
   The prompt is the decoder-only one ("<prefix><input><separator>"), or with `encoder_decoder` T5's
-  encoder input ("<prefix><input>"). An LM task's prompt is its text's first tokens either way.
+  encoder input ("<prefix><input>", + eos with `encoder_eos`, as seqio's tasks and so the T5 models
+  fine-tuned on them have it). An LM task's prompt is its text's first tokens either way.
   """
   if task.input_field is None:
     text = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
     cut = min(task.lm_prompt_tokens, len(text) - 1)
     return text[:cut], text[cut:]
   separator = [] if encoder_decoder else vocab.encode(task.separator)
+  if encoder_decoder and encoder_eos:
+    separator = [vocab.eos_id]
   inputs = vocab.encode(task.inputs_and_targets(record)[0])[:task.max_input_tokens - len(separator)]
   targets = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
   return inputs + separator, targets
@@ -203,13 +206,14 @@ class Tokenized:
             "weights": np.concatenate([np.zeros_like(start, np.float32), in_target.astype(np.float32)], axis=1)}
 
 
-def tokenize(task: Task, vocab: Vocabulary, records: Sequence[dict], *, encoder_decoder: bool = False) -> Tokenized:
+def tokenize(task: Task, vocab: Vocabulary, records: Sequence[dict], *, encoder_decoder: bool = False,
+             encoder_eos: bool = False) -> Tokenized:
   """Encodes records with `encode_example` into a `Tokenized` of row length `task.seq_len`."""
   tokens = np.zeros((len(records), task.seq_len), np.int32)
   prompt_lengths = np.zeros(len(records), np.int32)
   lengths = np.zeros(len(records), np.int32)
   for i, record in enumerate(records):
-    prompt, target = encode_example(task, vocab, record, encoder_decoder=encoder_decoder)
+    prompt, target = encode_example(task, vocab, record, encoder_decoder=encoder_decoder, encoder_eos=encoder_eos)
     row = prompt + target
     tokens[i, :len(row)] = row
     prompt_lengths[i], lengths[i] = len(prompt), len(row)

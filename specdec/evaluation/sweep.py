@@ -43,14 +43,16 @@ from typing import Any
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from specdec import checks, decoding, models
-from specdec.data import SPLITS, tasks
+from specdec.data import SPLITS, seqio_tasks, tasks
 from specdec.data.vocab import Vocabulary, load_vocabulary
 from specdec.decoding import common
 from specdec.evaluation import metrics
+from specdec.models import base, partitioning
 from specdec.models.base import Model
 from specdec.training import acceptance, checkpoint
 
@@ -116,6 +118,14 @@ class Experiment:
   seed: int = 0
   output: str = "outputs/sweep/results.jsonl"
   allow_mixed_runs: bool = False   # resume a run recorded on another commit or machine
+  # (data, model): quality batches decoded on a mesh of this host's devices (rows over 'data', parameters
+  # by the logical axis rules over 'model'); latency stays at batch 1 on one device. None: one device.
+  mesh_shape: tuple[int, int] | None = None
+  # The paper's tfds tasks (`task` = 'wmt_t2t_ende', 'xsum', 'cnn_dailymail', …: specdec.data.seqio_tasks):
+  # where tfds keeps them, and the SentencePiece model the pair was trained with (T5's). None: tfds's own
+  # data_dir; the shipped vocabulary.
+  tfds_data_dir: str | None = None
+  vocab_path: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +169,20 @@ def _check_int(name: str, value: Any, lo: int) -> None:
     raise ValueError(f"{name} must be an int >= {lo}; got {value!r}")
 
 
+def _task(name: str) -> tasks.Task:
+  """A local task (`tasks.TASKS`) or the text format of a tfds one (`seqio_tasks.SEQIO_TASKS`)."""
+  if name in tasks.TASKS:
+    return tasks.TASKS[name]
+  tfds_task = seqio_tasks.SEQIO_TASKS.get("specdec_" + name)
+  if tfds_task is None or tfds_task.is_local:
+    tfds_names = [t.text.name for t in seqio_tasks.SEQIO_TASKS.values() if not t.is_local]
+    raise ValueError(f"unknown task {name!r}; local tasks: {', '.join(tasks.TASKS)}; tfds tasks: "
+                     f"{', '.join(tfds_names)}")
+  return tfds_task.text
+
+
 def _check_experiment(experiment: Experiment) -> None:
-  tasks.get_task(experiment.task)
+  _task(experiment.task)
   if experiment.split not in SPLITS:
     raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {experiment.split!r}")
   _check_int("n_examples", experiment.n_examples, 1)
@@ -177,8 +199,9 @@ def _check_experiment(experiment: Experiment) -> None:
     source = getattr(experiment, role)
     if (source.path is None) == (source.preset is None):
       raise ValueError(f"{role}: give exactly one of path (an exported model) and preset; got {source}")
-    if source.preset is not None and source.preset not in models.PRESETS:
-      raise ValueError(f"{role}: unknown preset {source.preset!r}; known: {', '.join(models.PRESETS)}")
+    known = [*models.PRESETS, *models.t5.PRESETS]
+    if source.preset is not None and source.preset not in known:
+      raise ValueError(f"{role}: unknown preset {source.preset!r}; known: {', '.join(known)}")
   for t in _values("experiment", "temperatures", experiment.temperatures):
     checks.check_temperature(t)
   for p in _values("experiment", "top_ps", experiment.top_ps):
@@ -281,6 +304,8 @@ class Workload:
   latency_trials: int
   seed: int
   drafter_head: Any = None      # the drafter's acceptance head (specdec_pp), if it has one
+  mesh: Any = None              # quality batches run on it (Experiment.mesh_shape) with `sharded` models
+  sharded: tuple[Model, Model] | None = None
 
 
 def _head_directory(source: ModelSource) -> str | None:
@@ -301,10 +326,23 @@ def _load_model(source: ModelSource, vocab: Vocabulary) -> Model:
 
 
 def load_workload(experiment: Experiment) -> Workload:
-  """Loads the pair and the first `n_examples` examples of the task split (tokenized as the task does)."""
-  vocab = load_vocabulary()
-  task = tasks.get_task(experiment.task)
-  split = tasks.tokenized(experiment.task, experiment.split, source=experiment.source)
+  """Loads the pair and the first `n_examples` examples of the task split (tokenized as the task does: T5's
+  encoder inputs for an encoder-decoder pair, decoder-only prompts otherwise)."""
+  vocab = load_vocabulary(experiment.vocab_path)
+  drafter, verifier = _load_model(experiment.drafter, vocab), _load_model(experiment.verifier, vocab)
+  encoder_decoder = isinstance(verifier, models.T5)
+  if isinstance(drafter, models.T5) != encoder_decoder:
+    raise ValueError(f"drafter and verifier must both be encoder-decoder (T5) or both decoder-only; got "
+                     f"{type(drafter).__name__} and {type(verifier).__name__}")
+  task = _task(experiment.task)
+  if experiment.task in tasks.TASKS:
+    split = tasks.tokenized(experiment.task, experiment.split, source=experiment.source,
+                            vocab_path=experiment.vocab_path, encoder_decoder=encoder_decoder)
+  else:
+    records = seqio_tasks.tfds_records("specdec_" + experiment.task, experiment.split,
+                                       data_dir=experiment.tfds_data_dir, limit=experiment.n_examples)
+    # seqio's tasks end T5's encoder input with eos: prompt as the pair was fine-tuned (`seqio_batches`).
+    split = tasks.tokenize(task, vocab, records, encoder_decoder=encoder_decoder, encoder_eos=encoder_decoder)
   if len(split) < experiment.n_examples:
     raise ValueError(f"n_examples={experiment.n_examples} but {experiment.task}/{experiment.split} has "
                      f"{len(split)} examples")
@@ -314,16 +352,24 @@ def load_workload(experiment: Experiment) -> Workload:
       raise ValueError(f"max_prompt_tokens applies to tasks with inputs; {task.name} prompts with its "
                        f"first {task.lm_prompt_tokens} tokens")
     task = dataclasses.replace(task, max_input_tokens=experiment.max_prompt_tokens)
-    split = tasks.tokenize(task, vocab, split.records[:experiment.n_examples])
+    split = tasks.tokenize(task, vocab, split.records[:experiment.n_examples], encoder_decoder=encoder_decoder,
+                           encoder_eos=encoder_decoder and experiment.task not in tasks.TASKS)
   prompts, prompt_lengths = split.prompts(rows)
   latency_rows = np.sort(np.random.default_rng(experiment.seed).permutation(experiment.n_examples)[
       :experiment.n_latency_examples])
+  batch_size, mesh, sharded = min(experiment.batch_size, experiment.n_examples), None, None
+  if experiment.mesh_shape is not None:
+    # This host's devices: on a multi-host slice each host sweeps its own block of the grid.
+    mesh = partitioning.make_mesh(*experiment.mesh_shape, devices=jax.local_devices())
+    if batch_size % mesh.shape[partitioning.DATA]:
+      raise ValueError(f"batch_size {batch_size} must be a multiple of the mesh's data axis "
+                       f"({mesh.shape[partitioning.DATA]}; Experiment.mesh_shape = {experiment.mesh_shape})")
+    sharded = (partitioning.shard_model(drafter, mesh), partitioning.shard_model(verifier, mesh))
   return Workload(
-      drafter=_load_model(experiment.drafter, vocab), verifier=_load_model(experiment.verifier, vocab),
+      drafter=drafter, verifier=verifier, mesh=mesh, sharded=sharded,
       task=task, vocab=vocab, prompts=prompts, prompt_lengths=prompt_lengths,
       references=[split.records[i][task.target_field] for i in rows], latency_rows=latency_rows,
-      max_new_tokens=experiment.max_new_tokens or task.max_target_tokens,
-      batch_size=min(experiment.batch_size, experiment.n_examples),
+      max_new_tokens=experiment.max_new_tokens or task.max_target_tokens, batch_size=batch_size,
       latency_trials=experiment.latency_trials, seed=experiment.seed,
       drafter_head=acceptance.load_head(head) if (head := _head_directory(experiment.drafter)) else None)
 
@@ -337,22 +383,30 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
     return method.slack(method.resolve(dict(point.params)))
 
   slack = max(slack(p) for p in points)
-  cache_length = decoding.cache_length_for(workload.prompts.shape[1], workload.max_new_tokens, slack)
+  pair = [workload.drafter, workload.verifier]
+  prompt_positions = max(base.prompt_cache_positions(m, workload.prompts.shape[1]) for m in pair)
+  cache_length = decoding.cache_length_for(prompt_positions, workload.max_new_tokens, slack)
   try:
-    common.check_prompts(workload.prompts, workload.prompt_lengths, cache_length,
-                         [workload.drafter, workload.verifier])
+    common.check_prompts(workload.prompts, workload.prompt_lengths, cache_length, pair)
   except ValueError as e:
     raise ValueError(f"{e} (Experiment.max_prompt_tokens, max_new_tokens)") from None
 
 
 # --- running one point -----------------------------------------------------------------------------------
 
-def _decode(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray) -> decoding.Output:
-  drafter = workload.drafter if point.model == "pair" else None
+def _decode(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray, *, on_mesh: bool = False
+            ) -> decoding.Output:
+  """Decodes `rows` at `point`; `on_mesh`: on the workload's mesh, if it has one (quality batches)."""
+  on_mesh = on_mesh and workload.mesh is not None
+  small, large = workload.sharded if on_mesh else (workload.drafter, workload.verifier)
+  prompts = workload.prompts[rows]
+  if on_mesh:
+    prompts = partitioning.shard_batch(jnp.asarray(prompts), workload.mesh)
+  drafter = small if point.model == "pair" else None
   if point.method == "specdec_pp":   # generate says so if the drafter has no head
-    drafter = decoding.ModelDrafter(workload.drafter, head=workload.drafter_head)
-  verifier = workload.drafter if point.model == "drafter" else workload.verifier
-  return decoding.generate(key, drafter, verifier, workload.prompts[rows], workload.prompt_lengths[rows],
+    drafter = decoding.ModelDrafter(small, head=workload.drafter_head)
+  verifier = small if point.model == "drafter" else large
+  return decoding.generate(key, drafter, verifier, prompts, workload.prompt_lengths[rows],
                            method=point.method, temperature=point.temperature, top_p=point.top_p,
                            max_new_tokens=workload.max_new_tokens, eos_id=workload.vocab.eos_id,
                            **dict(point.params))
@@ -372,7 +426,7 @@ def quality(point: Point, workload: Workload) -> tuple[np.ndarray, dict[str, int
   scores, hypotheses = [], []
   totals = dict.fromkeys(common.STAT_NAMES, 0)
   for index, rows in enumerate(_batches(workload)):
-    out = _decode(point, workload, jax.random.fold_in(key, index), rows)
+    out = _decode(point, workload, jax.random.fold_in(key, index), rows, on_mesh=True)
     real = min(len(rows), n - index * workload.batch_size)
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     for name, count in metrics.count_totals({name: np.asarray(getattr(out.stats, name))[:real]
@@ -619,7 +673,24 @@ def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] 
               "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     append_result(output, record)
     stored[hashes[point]] = record
+    _release_compiled_programs()
   return [stored[hashes[point]] for point in points if hashes[point] in stored]
+
+
+def _release_compiled_programs(fraction: float = 0.5) -> None:
+  """Frees JAX's compiled programs once the process holds more than `fraction` of Linux's limit on memory
+  maps: XLA:CPU keeps ~3 maps per compiled object (~840 for a decode loop) while a program is cached, and a
+  process that reaches vm.max_map_count segfaults in its next compilation. A long sweep over many methods
+  and γ would; the next points recompile what they need."""
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      limit = int(f.read())
+    with open("/proc/self/maps") as f:
+      mapped = sum(1 for _ in f)
+  except OSError:   # not Linux
+    return
+  if mapped > fraction * limit:
+    jax.clear_caches()
 
 
 def _check_one_run(done: list[dict[str, Any]], shared: dict[str, Any], experiment: Experiment) -> None:

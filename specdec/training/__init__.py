@@ -8,6 +8,7 @@
   distill.write(directory, verifier, task, split, n)     # sequence-level distillation data
   save_params(path, model); load_model(path)             # export / import a trained model (export_name: its label)
   load_hf_t5(directory); load_t5x(path, config)          # T5 checkpoints: Hugging Face safetensors, T5X
+  save_hf_t5(model, directory)                           # T5 export for transformers' from_pretrained
 
 The weighted-loss convention (weights[:, t] marks token t as a target) is in `train`'s docstring.
 """
@@ -15,7 +16,7 @@ The weighted-loss convention (weights[:, t] marks token t as a target) is in `tr
 from specdec.training.checkpoint import (CheckpointError, Checkpointer, Restored, export_name, load_model,
                                          model_spec, restore_latest, save_params)
 from specdec.training import distill
-from specdec.training.convert import load_hf_t5, load_t5x
+from specdec.training.convert import load_hf_t5, load_t5x, save_hf_t5
 from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovChain, TrainState, cast_params,
                                     distill_eval_step, distill_step, eval_step, evaluate, learning_rate_schedule,
                                     make_optimizer, markov_batches, train_and_evaluate, train_step)
@@ -23,4 +24,5 @@ from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovCha
 __all__ = ["DISTILL_LOSSES", "Batch", "CheckpointError", "Checkpointer", "DataSource", "MarkovChain", "Restored",
            "TrainState", "cast_params", "distill", "distill_eval_step", "distill_step", "eval_step", "evaluate",
            "export_name", "learning_rate_schedule", "load_hf_t5", "load_model", "load_t5x", "make_optimizer",
-           "markov_batches", "model_spec", "restore_latest", "save_params", "train_and_evaluate", "train_step"]
+           "markov_batches", "model_spec", "restore_latest", "save_hf_t5", "save_params", "train_and_evaluate",
+           "train_step"]

@@ -1,7 +1,9 @@
-"""Checkpoint import (layer 4): T5 v1.1 weights from Hugging Face and from T5X into `models.t5.T5`.
+"""Checkpoint import and export (layer 4): T5 v1.1 weights from Hugging Face and from T5X into
+`models.t5.T5`, and back.
 
   model = load_hf_t5(directory)             # save_pretrained output: config.json + model.safetensors
                                             # (or sharded, with model.safetensors.index.json)
+  save_hf_t5(model, directory)              # the inverse: what T5ForConditionalGeneration.from_pretrained reads
   model = load_t5x(path, config)            # a T5X checkpoint_<step> directory, or the directory holding them
   save_t5x(directory, params, step=0)       # T5X's native layout (tests, export)
 
@@ -14,6 +16,8 @@ value,out}, pre_attention_layer_norm; encoder.block.N.layer.1 (DenseReluDense.{w
 (EncDecAttention), mlp and their norms; {encoder,decoder}.final_layer_norm -> encoder_norm, decoder_norm;
 lm_head.weight -> decoder/logits_dense/kernel. A config that scales the decoder output by d_model^−½
 (original T5's tied head) has the factor folded into logits_dense; a missing lm_head means the tied one.
+The export writes the same names (`hf_names`) and a config with an untied head and no rescaling
+(`config_to_hf`), so transformers computes our logits.
 
 T5X's tree is ours, so a T5X checkpoint maps one to one. T5X's native layout (t5x/checkpoints.py,
 VERSION 3): `checkpoint_<step>/checkpoint` is a msgpack {'version', 'optimizer': {'target': params,
@@ -38,6 +42,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from flax import serialization, traverse_util
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from specdec import models
 from specdec.models import t5
@@ -78,6 +83,24 @@ def config_from_hf(hf: dict[str, Any], *, max_length: int = 512) -> t5.T5Config:
                      num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"], head_dim=hf["d_kv"],
                      mlp_dim=hf["d_ff"], num_buckets=hf.get("relative_attention_num_buckets", 32),
                      max_distance=hf.get("relative_attention_max_distance", 128), max_len=max_length)
+
+
+def config_to_hf(config: t5.T5Config) -> dict[str, Any]:
+  """The Hugging Face config.json of `config`, the inverse of `config_from_hf` (`max_len` and the activation
+  dtype are not part of it: pass `max_length` to `load_hf_t5`).
+
+  Our head is untied and not rescaled. transformers < 5 reads that from tie_word_embeddings=False;
+  transformers ≥ 5 forces tie_word_embeddings=True for T5 and reads scale_decoder_outputs (which it
+  derives from the former unless given); both keys are written so either version computes our logits.
+  """
+  return {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": config.vocab_size,
+          "d_model": config.emb_dim, "d_kv": config.head_dim, "d_ff": config.mlp_dim, "num_heads": config.num_heads,
+          "num_layers": config.num_encoder_layers, "num_decoder_layers": config.num_decoder_layers,
+          "relative_attention_num_buckets": config.num_buckets,
+          "relative_attention_max_distance": config.max_distance, "feed_forward_proj": "gated-gelu",
+          "layer_norm_epsilon": 1e-6, "dropout_rate": 0.0, "is_encoder_decoder": True,
+          "decoder_start_token_id": t5.DECODER_START_TOKEN, "pad_token_id": t5.DECODER_START_TOKEN,
+          "eos_token_id": 1, "tie_word_embeddings": False, "scale_decoder_outputs": False, "dtype": "float32"}
 
 
 def hf_names(config: t5.T5Config) -> dict[str, tuple[str, bool]]:
@@ -175,6 +198,32 @@ def load_hf_t5(directory: str, *, max_length: int = 512) -> t5.T5:
   if hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True) is not False):
     flat[("decoder", "logits_dense", "kernel")] = flat[("decoder", "logits_dense", "kernel")] * config.emb_dim ** -0.5
   return _checked(where, config, traverse_util.unflatten_dict(flat))
+
+
+def save_hf_t5(model: t5.T5, directory: str | os.PathLike) -> str:
+  """Writes `model` as `T5ForConditionalGeneration.save_pretrained` would (config.json + model.safetensors,
+  float32, Hugging Face's names from `hf_names`); returns the directory. `load_hf_t5` reads it back
+  bit-identically (bfloat16 parameters come back as the same values in float32).
+
+  Raises ValueError for a model that is not a `t5.T5` and FileExistsError for a directory that exists and
+  is not empty: an export never overwrites or mixes with another checkpoint's files.
+  """
+  if not isinstance(model, t5.T5):
+    raise ValueError(f"save_hf_t5 exports a specdec.models.t5.T5; got {type(model).__name__}, which has no "
+                     "Hugging Face T5ForConditionalGeneration equivalent")
+  directory = os.path.abspath(directory)
+  if os.path.isdir(directory) and os.listdir(directory):
+    raise FileExistsError(f"{directory} exists and is not empty; save_hf_t5 writes a new export")
+  os.makedirs(directory, exist_ok=True)
+  flat = {"/".join(path): np.asarray(leaf, np.float32)
+          for path, leaf in traverse_util.flatten_dict(model.params).items()}
+  tensors = {name: np.ascontiguousarray(flat[path].T if transpose else flat[path])
+             for path, (name, transpose) in hf_names(model.config).items()}
+  # transformers reads the "format" metadata to tell torch checkpoints from others.
+  save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config_to_hf(model.config), f, indent=2, sort_keys=True)
+  return directory
 
 
 # --- T5X ----------------------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ import scipy.special
 from flax import struct
 
 from specdec import models
-from specdec.training import checkpoint
+from specdec.models import partitioning
+from specdec.training import checkpoint, convert
 
 Array = jax.Array
 Batch = dict[str, Any]  # 'inputs' [B, L] int32, 'weights' [B, L] float (+ 'encoder_inputs', 'encoder_lengths')
@@ -66,15 +67,17 @@ class TrainState:
 def learning_rate_schedule(learning_rate: float, warmup_steps: int, decay: str,
                            total_steps: int) -> optax.Schedule:
   """Linear warmup from 0 to `learning_rate`, then 'rsqrt' (lm1b: lr·√(w / (s + w)), s counted from the
-  end of warmup) or 'cosine' (to 0 at `total_steps`)."""
+  end of warmup), 'cosine' (to 0 at `total_steps`) or 'constant' (T5X's fine-tuning schedule)."""
   if decay == "rsqrt":
     shift = max(warmup_steps, 1)
     # join_schedules evaluates every piece at every step: clamp the counts before the boundary.
     after = lambda count: learning_rate * jnp.sqrt(shift / (jnp.maximum(count, 0) + shift))
   elif decay == "cosine":
     after = optax.cosine_decay_schedule(learning_rate, max(total_steps - warmup_steps, 1))
+  elif decay == "constant":
+    after = optax.constant_schedule(learning_rate)
   else:
-    raise ValueError(f"decay must be 'rsqrt' or 'cosine'; got {decay!r}")
+    raise ValueError(f"decay must be 'rsqrt', 'cosine' or 'constant'; got {decay!r}")
   if warmup_steps == 0:
     return after
   return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), after], [warmup_steps])
@@ -347,8 +350,9 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
                        optimizer: Callable[..., optax.GradientTransformation] = make_optimizer,
                        label_smoothing: float = 0.0, log_every: int = 50, eval_every: int = 100,
                        eval_batches: int = 4, save_every: int = 100, keep_checkpoints: int = 3,
-                       init_from: str | None = None, teacher: str | None = None, distill_loss: str = "kl"
-                       ) -> tuple[TrainState, dict[str, float]]:
+                       init_from: str | None = None, init_from_t5x: str | None = None,
+                       teacher: str | None = None, distill_loss: str = "kl",
+                       mesh_shape: tuple[int, int] | None = None) -> tuple[TrainState, dict[str, float]]:
   """Trains `models.build(preset, …)` for `num_steps` steps, resuming from `model_dir`'s latest checkpoint.
 
   `optimizer(total_steps=num_steps)` makes the optax transformation. Every `log_every` steps one line
@@ -357,15 +361,26 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
   description) every `save_every` steps and at the end, the last `keep_checkpoints` kept; a checkpoint
   of another model, optimizer or batch shape there raises `checkpoint.CheckpointError`.
   `init_from`: an exported model directory (`save_params`) of the same preset to start from instead of a
-  random initialisation. `teacher`: an exported model directory; the run then distils it into the model
+  random initialisation; `init_from_t5x`: a T5X checkpoint (`convert.load_t5x`, e.g. the public T5 v1.1
+  ones) for a "t5_…" preset. `teacher`: an exported model directory; the run then distils it into the model
   (`distill_step` with `distill_loss`, label_smoothing unused) and reports acceptance and agreement.
+  `mesh_shape` (data, model): train on a `partitioning.make_mesh(data, model)` over all devices (data = -1:
+  all the model axis leaves), parameters and optimizer state sharded by the logical axis rules, each batch's
+  rows over 'data' (the global batch is `batch_size`); the step functions are unchanged (XLA's SPMD
+  partitioner), and checkpoints are written and restored sharded (orbax: each host its own shards).
   Returns the final state and evaluation metrics.
   """
   if seq_len > max_length:
     raise ValueError(f"seq_len ({seq_len}) exceeds the model's max_length ({max_length})")
   model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  if init_from is not None and init_from_t5x is not None:
+    raise ValueError("give init_from or init_from_t5x, not both")
   if init_from is not None:
     model = models.with_params(model, checkpoint.load_model(init_from).params)
+  if init_from_t5x is not None:
+    if not isinstance(model, models.T5):
+      raise ValueError(f"init_from_t5x needs a T5 preset ('t5_…'); {preset!r} is decoder-only")
+    model = models.with_params(model, convert.load_t5x(init_from_t5x, model.config).params)
   metadata = {"model": checkpoint.model_spec(model, preset),
               "data": {"batch_size": batch_size, "seq_len": seq_len}}
   teacher_model = None
@@ -377,6 +392,11 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
       raise ValueError(f"teacher {teacher} has vocab_size {teacher_model.vocab_size}; the student has {vocab_size}")
     metadata["distill"] = {"teacher": checkpoint.model_spec(teacher_model), "loss": distill_loss}
   state = TrainState.create(model.params, optimizer(total_steps=num_steps))
+  place_batch = lambda batch: batch
+  if mesh_shape is not None:
+    mesh = partitioning.make_mesh(*mesh_shape)
+    model, state = partitioning.shard_model(model, mesh), partitioning.shard_like(state, state.params, mesh)
+    place_batch = functools.partial(partitioning.shard_batch, mesh=mesh)
   data_offset, checkpoints = 0, None
   if model_dir is not None:
     restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
@@ -388,7 +408,8 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
 
   def run_eval(step: int) -> dict[str, float]:
     batches = data_source("validation", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size, start=0)
-    result = evaluate(model, state.params, itertools.islice(batches, eval_batches), teacher=teacher_model)
+    result = evaluate(model, state.params, map(place_batch, itertools.islice(batches, eval_batches)),
+                      teacher=teacher_model)
     distilled = "".join(f" | {name} {result[name]:.4f}" for name in ("kl", "acceptance", "agreement") if name in result)
     print(f"eval step {step}: loss {result['loss']:.4f} | acc {result['accuracy']:.4f} | "
           f"ppl {result['perplexity']:.3f}{distilled}", flush=True)
@@ -399,7 +420,7 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
   window, window_start, window_first, positions = [], time.perf_counter(), first_step, 0
   try:
     for step in range(first_step + 1, num_steps + 1):
-      batch = next(batches)
+      batch = place_batch(next(batches))
       if teacher_model is None:
         state, metrics = train_step(state, batch, model, label_smoothing)
       else:

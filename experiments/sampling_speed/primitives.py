@@ -1,0 +1,106 @@
+"""What limits top-P on XLA:CPU: the cost of the selection primitives, the nucleus sizes, and the scratch
+memory of the block programs (glibc serves allocations above 32 MB from fresh, page-faulting mmap pages).
+
+Usage (repository root): python experiments/sampling_speed/primitives.py [--before a649a8b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+import bench_verify  # noqa: E402  (load_revision)
+from specdec import sampling, targets, verify  # noqa: E402
+from specdec.data import debian  # noqa: E402
+from specdec.data.vocab import load_vocabulary  # noqa: E402
+from specdec.evaluation.timing import median_seconds  # noqa: E402
+from specdec.training.checkpoint import load_model  # noqa: E402
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--before", default="a649a8b")
+  args = parser.parse_args()
+  batch, gamma, vocab = 8, 8, 32_000
+  logits = jax.random.normal(jax.random.PRNGKey(1), (batch * (gamma + 1), vocab)) * 3
+  probs = jax.nn.softmax(logits)
+  softmax_fn = jax.jit(lambda x: jax.nn.softmax(x, -1))
+  threshold = jnp.full((72, 1), 950_000_000, jnp.int32)  # bit pattern of p ≈ 1.3e-4
+  t = jax.lax.bitcast_convert_type(threshold, jnp.float32)
+  candidates = {  # name: (function, its input)
+      "one pass: jnp.sum": (lambda p: jnp.sum(p, -1), probs),
+      "one pass: jnp.sum(jnp.where(p >= t, p, 0))": (lambda p: jnp.sum(jnp.where(p >= t, p, 0), -1), probs),
+      "one pass: sampling.masked_sum(p, p >= t)": (lambda p: sampling.masked_sum(p, p >= t), probs),
+      "top-P search probe (sampling._probe)": (lambda p: sampling._probe(p, threshold), probs),
+      "top-P certificate sum (sampling._mass_from)": (lambda p: sampling._mass_from(p, threshold), probs),
+      "S(.) at top-P 0.9 (sampling.transform)": (lambda x: sampling.transform(x, 1.0, 0.9), logits),
+      "jnp.cumsum": (lambda p: jnp.cumsum(p, -1), probs),
+      "jnp.sort": (lambda p: jnp.sort(p, -1), probs),
+      **{f"lax.top_k k={k}": (lambda p, k=k: jax.lax.top_k(p, k), probs) for k in (16, 64, 256, 1024, 2048)}}
+  softmax_times = [median_seconds(softmax_fn, logits, repeats=30)]
+  timed = {}
+  for name, (fn, x) in candidates.items():
+    timed[name] = median_seconds(jax.jit(fn), x, repeats=10 if "sort" in name else 30)
+    if name == "jnp.sort":
+      softmax_times.append(median_seconds(softmax_fn, logits, repeats=30))
+  softmax_times.append(median_seconds(softmax_fn, logits, repeats=30))
+  softmax = sorted(softmax_times)[1]
+  print(f"[72, 32000]: softmax {softmax * 1e3:.3f} ms "
+        f"(median of {', '.join(f'{t * 1e3:.3f}' for t in softmax_times)})")
+  for name, t in timed.items():
+    print(f"  {name:46s} {t * 1e3:8.3f} ms  {t / softmax:6.2f}x")
+
+  ranked = np.cumsum(-np.sort(-np.asarray(probs), -1), -1)
+  for top_p in (0.5, 0.9):
+    sizes = (ranked < top_p).sum(-1) + 1
+    print(f"nucleus at top-P {top_p} over the 72 rows: min {sizes.min()}, median {np.median(sizes):.0f}, "
+          f"max {sizes.max()} tokens")
+
+  # A trained model's nuclei: the shipped 15m verifier (V = 8192), teacher-forced on debian_lm validation
+  # texts of the shipped sample (first 128 tokens of each text that has them).
+  model = load_model("data/models/debian_verifier")
+  vocabulary = load_vocabulary()
+  records = debian.load("debian_lm", "validation", source="sample")
+  texts = [vocabulary.encode(r["text"])[:128] for r in records]
+  tokens = jnp.asarray([t for t in texts if len(t) == 128][:32], jnp.int32)
+  ranked = np.cumsum(-np.sort(-np.asarray(jax.nn.softmax(model.logits(tokens), -1)), -1), -1)
+  ranked = ranked.reshape(-1, ranked.shape[-1])
+  for top_p in (0.5, 0.9, 0.95):
+    sizes = (ranked < top_p).sum(-1) + 1
+    print(f"debian_verifier, {len(sizes)} positions, T = 1, top-P {top_p}: nucleus median "
+          f"{np.median(sizes):.0f}, 90% {np.percentile(sizes, 90):.0f}, 99% {np.percentile(sizes, 99):.0f}, "
+          f"max {sizes.max()} of 8192")
+
+  impls = {"now": types.SimpleNamespace(sampling=sampling, targets=targets, verify=verify),
+           args.before: bench_verify.load_revision(args.before)}
+  key, drafts = jax.random.PRNGKey(0), jnp.zeros((batch, gamma), jnp.int32)
+  lq = lp = logits.reshape(batch, gamma + 1, vocab)
+
+  def scratch(fn, *a):
+    return jax.jit(fn).lower(*a).compile().memory_analysis().temp_size_in_bytes / 1e6
+
+  for name, impl in impls.items():
+    block = bench_verify.programs(impl, gamma)["block top-P 1, one jit"][0]
+
+    def two(lq, lp, t, p, impl=impl):
+      return impl.sampling.transform(lq, t, p), impl.sampling.transform(lp, t, p)
+
+    def rule_and_verify(key, drafts, q, p, alpha, impl=impl):
+      pi = impl.targets.target_distribution("token_v3", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha)
+      return impl.verify.verify_block(key, drafts, q[:, :gamma], pi)
+
+    q, p = jax.jit(two)(lq, lp, 1.0, 1.0)
+    print(f"{name}: scratch memory of the block (B=8, gamma=8, V=32000): one jit "
+          f"{scratch(block, key, drafts, lq, lp, 1.0, 1.0, 0.3):.1f} MB; two jits "
+          f"{scratch(two, lq, lp, 1.0, 1.0):.1f} MB + "
+          f"{scratch(rule_and_verify, key, drafts, q, p, 0.3):.1f} MB")
+
+if __name__ == "__main__":
+  main()

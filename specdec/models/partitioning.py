@@ -1,0 +1,165 @@
+"""SPMD partitioning (layer 2): a ('data', 'model') device mesh and t5x-style logical axis rules.
+
+Every parameter gets logical axis names from its path (T5X's parameter names for `t5.T5`, and the
+decoder-only `TransformerLM`'s), and `DEFAULT_RULES` map logical names to mesh axes as t5x's
+`standard_logical_axis_rules` do: the vocabulary, MLP and attention-head dimensions are split over
+'model', the embedding dimension is replicated, batches are split over 'data'.
+
+  mesh = make_mesh(data=4, model=2)            # 8 devices; data=-1: all devices not used by 'model'
+  verifier = shard_model(verifier, mesh)       # parameters placed by the rules
+  prompts = shard_batch(prompts, mesh)         # rows split over 'data'
+  decoding.generate(key, drafter, verifier, prompts, …)   # the loops run unchanged under jit: XLA's SPMD
+                                                          # partitioner propagates the shardings
+
+A dimension that the mesh axis does not divide (a vocabulary of 12 over 8 devices, 4 heads over 8) is
+replicated instead, so any model runs on any mesh; `param_shardings` reports the layout.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from flax import traverse_util
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA, MODEL = "data", "model"
+AXES = (DATA, MODEL)
+
+# (logical axis name, mesh axis or None), t5x's standard rules for the names our parameters use.
+DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
+    ("batch", DATA), ("vocab", MODEL), ("mlp", MODEL), ("heads", MODEL), ("joined_kv", MODEL),
+    ("embed", None), ("kv", None), ("relpos_buckets", None))
+
+# (regular expression on the "/"-joined parameter path, logical axes of its dimensions); first match wins.
+_LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # T5 (T5X names): models/t5.py
+    (r"^token_embedder/embedding$", ("vocab", "embed")),
+    (r"^(en|de)coder/layers_\d+/(attention|self_attention|encoder_decoder_attention)/(query|key|value)/kernel$",
+     ("embed", "joined_kv")),
+    (r"^(en|de)coder/layers_\d+/(attention|self_attention|encoder_decoder_attention)/out/kernel$",
+     ("joined_kv", "embed")),
+    (r"^(en|de)coder/layers_\d+/mlp/wi(_\d)?/kernel$", ("embed", "mlp")),
+    (r"^(en|de)coder/layers_\d+/mlp/wo/kernel$", ("mlp", "embed")),
+    (r"^(en|de)coder/relpos_bias/rel_embedding$", ("heads", "relpos_buckets")),
+    (r"^decoder/logits_dense/kernel$", ("embed", "vocab")),
+    (r"^(en|de)coder/.*/scale$", ("embed",)),
+    # TransformerLM: models/transformer.py ([E, H, D] projections, LayerNorm scale and bias)
+    (r"^embed/embedding$", ("vocab", "embed")),
+    (r"^block_\d+/attention/(query|key|value)/kernel$", ("embed", "heads", "kv")),
+    (r"^block_\d+/attention/out/kernel$", ("heads", "kv", "embed")),
+    (r"^block_\d+/mlp/dense_in/kernel$", ("embed", "mlp")),
+    (r"^block_\d+/mlp/dense_in/bias$", ("mlp",)),
+    (r"^block_\d+/mlp/dense_out/kernel$", ("mlp", "embed")),
+    (r"^(block_\d+/)?(ln_attention|ln_mlp|final_norm|mlp/dense_out)/(scale|bias)$", ("embed",)),
+)
+
+
+def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A (data, model) mesh over `devices` (default: all), the model axis over neighbouring devices.
+
+  data = -1 takes every device the model axis leaves. Raises ValueError unless data · model equals the
+  number of devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  if not isinstance(model, (int, np.integer)) or model < 1:
+    raise ValueError(f"mesh model axis must be an integer ≥ 1; got {model!r}")
+  if data == -1:
+    if len(devices) % model:
+      raise ValueError(f"mesh model axis {model} does not divide the {len(devices)} devices")
+    data = len(devices) // model
+  if not isinstance(data, (int, np.integer)) or data < 1 or data * model != len(devices):
+    raise ValueError(f"mesh shape (data={data}, model={model}) must multiply to the {len(devices)} devices "
+                     "(data=-1: all devices not used by the model axis)")
+  return Mesh(np.asarray(devices).reshape(data, model), AXES)
+
+
+def logical_axes(params: Any) -> Any:
+  """The logical axis names of every parameter, a pytree like `params` of tuples (one name per dimension).
+  Raises ValueError naming a parameter that no rule covers or whose rank does not match its rule."""
+  def axes(path: tuple[str, ...], leaf: Any) -> tuple[str, ...]:
+    name = "/".join(path)
+    for pattern, names in _LOGICAL_AXES:
+      if re.search(pattern, name):
+        if len(names) != np.ndim(leaf):
+          raise ValueError(f"parameter {name} has shape {np.shape(leaf)}; its rule names {len(names)} axes {names}")
+        return names
+    raise ValueError(f"no logical axis rule covers parameter {name} (shape {np.shape(leaf)}); "
+                     "add one to specdec.models.partitioning._LOGICAL_AXES")
+
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict({path: axes(path, leaf) for path, leaf in flat.items()})
+
+
+def partition_spec(names: Sequence[str], shape: Sequence[int], mesh: Mesh,
+                   rules: Sequence[tuple[str, str | None]] = DEFAULT_RULES) -> PartitionSpec:
+  """The PartitionSpec of an array with logical axes `names`: each name's mesh axis from `rules` (unknown
+  names and those mapped to None are replicated), replicated where the mesh axis does not divide the
+  dimension or is already used by an earlier dimension."""
+  table, used, spec = dict(rules), set(), []
+  for name, size in zip(names, shape):
+    axis = table.get(name)
+    if axis is None or axis in used or size % mesh.shape[axis]:
+      spec.append(None)
+    else:
+      spec.append(axis)
+      used.add(axis)
+  return PartitionSpec(*spec)
+
+
+def param_shardings(params: Any, mesh: Mesh, rules: Sequence[tuple[str, str | None]] = DEFAULT_RULES) -> Any:
+  """NamedShardings of a model's parameters (a pytree like `params`) by `rules`."""
+  return jax.tree.map(lambda names, leaf: NamedSharding(mesh, partition_spec(names, np.shape(leaf), mesh, rules)),
+                      logical_axes(params), params, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def shard_model(model: Any, mesh: Mesh, rules: Sequence[tuple[str, str | None]] = DEFAULT_RULES) -> Any:
+  """`model` with its parameters placed on `mesh` by `rules` (`param_shardings`)."""
+  return model.replace(params=jax.tree.map(place, model.params, param_shardings(model.params, mesh, rules)))
+
+
+def place(x: Any, sharding: NamedSharding) -> jax.Array:
+  """`x` laid out by `sharding`. Built from each device's slice of the host copy, so on a multi-host mesh
+  every process passes the same (global) value and keeps only its own devices' shards."""
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """A whole copy on every device of `mesh`."""
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Rows over 'data', every other dimension replicated."""
+  return NamedSharding(mesh, PartitionSpec(DATA, *([None] * (ndim - 1))))
+
+
+def shard_batch(batch: Any, mesh: Mesh) -> Any:
+  """Every array of `batch` (an array or a pytree of arrays with a leading batch axis) split by rows over
+  'data' (on several hosts, each passes the same global batch). Raises ValueError when the data axis does
+  not divide the batch size."""
+  def put(x: Any) -> jax.Array:
+    if np.shape(x)[0] % mesh.shape[DATA]:
+      raise ValueError(f"batch size {np.shape(x)[0]} is not a multiple of the mesh's data axis "
+                       f"({mesh.shape[DATA]} devices); pad the batch")
+    return place(x, batch_sharding(mesh, np.ndim(x)))
+  return jax.tree.map(put, batch)
+
+
+def shard_like(tree: Any, params: Any, mesh: Mesh, rules: Sequence[tuple[str, str | None]] = DEFAULT_RULES) -> Any:
+  """Places a training state or an optimizer state (any pytree) on `mesh`: every subtree structured as
+  `params` (the parameters, Adam's μ and ν, …) takes the parameters' shardings leaf by leaf where the
+  shapes match (Adafactor's factored rows and columns do not: replicated); every other leaf (step
+  counts, …) is replicated."""
+  structure, shardings = jax.tree.structure(params), param_shardings(params, mesh, rules)
+
+  def put(subtree: Any) -> Any:
+    if jax.tree.structure(subtree) == structure:
+      return jax.tree.map(
+          lambda leaf, p, s: place(leaf, s if np.shape(leaf) == np.shape(p) else replicated(mesh)),
+          subtree, params, shardings)
+    return place(subtree, replicated(mesh))
+
+  return jax.tree.map(put, tree, is_leaf=lambda x: jax.tree.structure(x) == structure)

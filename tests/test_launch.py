@@ -1,0 +1,67 @@
+"""scripts/launch.py: the Cloud TPU launch of the paper's T5 experiments as a plan of gcloud / gsutil commands;
+`--dry_run` prints it and runs nothing."""
+
+import importlib.util
+import pathlib
+import shlex
+import sys
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+WMT = "configs/experiments/paper_t5_wmt.gin"
+
+
+def _launch():
+  spec = importlib.util.spec_from_file_location("launch_script", REPO_ROOT / "scripts" / "launch.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module   # its dataclass looks its module up
+  spec.loader.exec_module(module)
+  return module
+
+
+launch = _launch()
+
+
+def test_dry_run_prints_every_stage_in_order_and_runs_nothing(capsys, monkeypatch):
+  monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail("--dry_run ran a command"))
+  commands = launch.main([f"--config={WMT}", "--tpu=v4-32", "--bucket=gs://my-bucket/exp/", "--dry_run"])
+  printed = capsys.readouterr().out.splitlines()
+  assert [line for line in printed if not line.startswith("# ")] == [c.shell() for c in commands]
+  stages = [c.stage for c in commands]
+  assert stages == sorted(stages, key=launch.STAGES.index) and set(stages) == set(launch.STAGES)
+  create, *_ = commands
+  assert create.argv[:6] == ("gcloud", "compute", "tpus", "tpu-vm", "create", "specdec-wmt")
+  assert "--accelerator-type=v4-32" in create.argv and "--zone" in create.argv
+  on_workers = [c for c in commands if "ssh" in c.argv]
+  assert on_workers and all("--worker=all" in c.argv for c in on_workers)
+  scripts = " ".join(c.argv[-1] for c in on_workers)
+  assert "pip install -c constraints.txt -e '.[seqio]'" in scripts
+  assert "gs://t5-data/pretrained_models/t5x/t5_1_1_small/checkpoint_1000000" in scripts
+  assert "--gin_file=configs/train/paper_t5_large.gin --gin_file=configs/train/paper_task_wmt.gin" in scripts
+  assert f"scripts/sweep.py --multihost --gin_file={WMT}" in scripts
+  assert "gs://my-bucket/exp/results/wmt/" in scripts            # the bucket's trailing slash is dropped
+  for command in commands:                                      # each printed line parses back to its argv
+    assert tuple(shlex.split(command.shell())) == command.argv
+
+
+def test_one_stage_and_the_xl_verifier():
+  args = launch.parse_args([f"--config={WMT}", "--tpu=v5p-64", "--bucket=gs://bkt", "--stage=finetune",
+                            "--verifier=xl", "--name=mine"])
+  commands = launch.plan(args)
+  assert {c.stage for c in commands} == {"finetune"} and all("mine" in c.argv for c in commands)
+  assert "configs/train/paper_t5_xl.gin" in commands[1].argv[-1]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--tpu=v9-8", "unknown TPU type 'v9-8'"),
+    ("--bucket=my-bucket", "--bucket must be a gs:// path"),
+    ("--config=configs/experiments/nope.gin", "does not exist"),
+    ("--config=configs/experiments/smoke.gin", "must be a configs/experiments/paper_t5_<task>.gin"),
+])
+def test_bad_flags_are_refused_naming_them(flag, message, capsys):
+  good = {"--config": f"--config={WMT}", "--tpu": "--tpu=v4-8", "--bucket": "--bucket=gs://bkt"}
+  good[flag.split("=")[0]] = flag
+  with pytest.raises(SystemExit):
+    launch.parse_args(list(good.values()))
+  assert message in capsys.readouterr().err
