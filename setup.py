@@ -9,6 +9,7 @@ setup(
     packages=find_packages(include=["specdec", "specdec.*"]),
     python_requires=">=3.10",
     install_requires=[
+        "etils[epath]>=1.5",  # local and gs:// paths for checkpoints and exports
         "flax>=0.10",
         "gin-config>=0.5",
         "jax>=0.4.30",

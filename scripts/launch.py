@@ -11,9 +11,9 @@ nothing. Stages, in order (`--stage` runs one, `all` every one; each command sto
   install   on every worker: this repository from the bucket's copy, `pip install -c constraints.txt
             -e '.[seqio]'`, T5's vocabulary and the public T5X checkpoints copied locally
   finetune  on every worker: the drafter (T5 v1.1 small) and the verifier (large or XL) on the config's task
-            (configs/train/paper_t5_<size>.gin + paper_task_<task>.gin), exports copied to the bucket
-  sweep     on every worker: `scripts/sweep.py --multihost` (each host its block of the grid, its own
-            results shard), shards copied to the bucket
+            (configs/train/paper_t5_<size>.gin + paper_task_<task>.gin), checkpoints and exports in the bucket
+  sweep     on every worker: the exports copied locally, `scripts/sweep.py --multihost` (each host its block
+            of the grid, its own results shard), shards copied to the bucket
   plot      here: the shards copied back, `scripts/plot.py` (Pareto plots, Table 2)
   delete    the TPU VM
 The repository travels as `git archive HEAD` uploaded to the bucket (`upload`, part of `install`), so the
@@ -100,13 +100,12 @@ def plan(args: argparse.Namespace) -> list[Command]:
     return ("gcloud", "compute", "tpus", "tpu-vm", "ssh", name, *location, "--worker=all", "--command", script)
 
   def train(size: str) -> str:
-    model_dir = f"outputs/paper_t5/{task}/{size}"
+    # Checkpoints and the export in the bucket: every host of the slice writes its shards to one directory.
     return (f"python scripts/train.py --multihost --gin_file=configs/train/paper_t5_{size}.gin "
             f"--gin_file=configs/train/paper_task_{task}.gin "
-            f"--gin_bindings=\"train.model_dir = '{model_dir}'\" "
-            f"--gin_bindings=\"export.path = 'outputs/paper_t5/export/{size}'\" "
-            f"--gin_bindings=\"seqio_batches.t5_vocab_path = 'checkpoints/t5_vocab/sentencepiece.model'\" "
-            f"&& gsutil -m rsync -r {model_dir} {runs}/{size}")
+            f"--gin_bindings=\"train.model_dir = '{runs}/{size}'\" "
+            f"--gin_bindings=\"export.path = '{exports}/{size}'\" "
+            f"--gin_bindings=\"seqio_batches.t5_vocab_path = 'checkpoints/t5_vocab/sentencepiece.model'\"")
 
   setup = " && ".join([
       f"gsutil cp {code} . && mkdir -p specdec && tar -xzf specdec.tar.gz -C specdec && cd specdec",
@@ -116,7 +115,8 @@ def plan(args: argparse.Namespace) -> list[Command]:
       *(f"gsutil -m cp -r {T5X_CHECKPOINTS.format(size=size)} checkpoints/t5_1_1_{size}/"
         for size in ("small", args.verifier))])
   enter = "cd specdec && . .venv/bin/activate && "
-  sweep = (f"python scripts/sweep.py --multihost --gin_file={args.config} "
+  sweep = (f"gsutil -m rsync -r {exports} outputs/paper_t5/export && "
+           f"python scripts/sweep.py --multihost --gin_file={args.config} "
            f"--gin_bindings=\"verifier/ModelSource.path = 'outputs/paper_t5/export/{args.verifier}'\" "
            f"&& gsutil -m cp outputs/paper_t5/{task}/results*.jsonl {results}/")
   local_results = f"outputs/paper_t5/{task}"
@@ -126,8 +126,7 @@ def plan(args: argparse.Namespace) -> list[Command]:
       "install": [("git", "archive", "--format=tar.gz", "-o", "/tmp/specdec.tar.gz", "HEAD"),
                   ("gsutil", "cp", "/tmp/specdec.tar.gz", code),
                   on_workers(setup)],
-      "finetune": [on_workers(enter + train("small")), on_workers(enter + train(args.verifier)),
-                   on_workers(enter + f"gsutil -m rsync -r outputs/paper_t5/export {exports}")],
+      "finetune": [on_workers(enter + train("small")), on_workers(enter + train(args.verifier))],
       "sweep": [on_workers(enter + sweep)],
       "plot": [("mkdir", "-p", local_results),
                ("gsutil", "-m", "cp", f"{results}/results*.jsonl", f"{local_results}/"),

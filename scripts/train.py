@@ -15,13 +15,12 @@ working directory, then from the repository root.
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 
 import gin
-
 import jax
 import jax.numpy as jnp
+from etils import epath
 
 from specdec import models, training
 from specdec.data import seqio_tasks, tasks
@@ -68,9 +67,9 @@ def main(argv: list[str] | None = None):
     jax.distributed.initialize()
   parse_gin(args.gin_file, args.gin_bindings)
   model_dir = gin.query_parameter("train.model_dir")
-  if model_dir:
-    os.makedirs(model_dir, exist_ok=True)
-    pathlib.Path(model_dir, "config.gin").write_text(gin.config_str())
+  if model_dir and jax.process_index() == 0:   # local or gs:// (etils.epath)
+    epath.Path(model_dir).mkdir(parents=True, exist_ok=True)
+    epath.Path(model_dir, "config.gin").write_text(gin.config_str())
   state, metrics = train()
   export(state)
   return state, metrics

@@ -41,6 +41,7 @@ def test_dry_run_prints_every_stage_in_order_and_runs_nothing(capsys, monkeypatc
   assert "--gin_file=configs/train/paper_t5_large.gin --gin_file=configs/train/paper_task_wmt.gin" in scripts
   assert f"scripts/sweep.py --multihost --gin_file={WMT}" in scripts
   assert "gs://my-bucket/exp/results/wmt/" in scripts            # the bucket's trailing slash is dropped
+  assert "train.model_dir = 'gs://my-bucket/exp/runs/wmt/large'" in scripts   # one directory for every host
   for command in commands:                                      # each printed line parses back to its argv
     assert tuple(shlex.split(command.shell())) == command.argv
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from etils import epath
 
 from specdec import models
 from specdec.models import t5, transformer
@@ -84,6 +85,13 @@ def _unreadable(where: str, error: Exception) -> CheckpointError:
                          f"({type(error).__name__}: {first_line[:300]})")
 
 
+def _location(path: str | os.PathLike) -> str:
+  """A local path made absolute, or a remote one (gs://…: orbax and etils.epath read and write them) as is,
+  so that the hosts of a TPU slice share one checkpoint directory."""
+  path = os.fspath(path)
+  return path if "://" in path else os.path.abspath(path)
+
+
 class Checkpointer:
   """Saves training checkpoints to `directory` every `save_every` steps (or when forced), keeping the
   newest `keep`. `metadata` (JSON) describes the run; `restore_latest` checks it on resume."""
@@ -92,7 +100,7 @@ class Checkpointer:
     self._metadata = metadata
     self._save_every = save_every
     self._manager = ocp.CheckpointManager(
-        os.path.abspath(directory), options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        _location(directory), options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
   def save(self, step: int, state: Any, *, data_offset: int, force: bool = False) -> bool:
     """Saves `state` (after `step` steps, `data_offset` batches consumed) if due; returns whether it did.
@@ -126,15 +134,15 @@ def restore_latest(directory: str, abstract_state: Any, *, expected: dict[str, A
   checkpoint's, when its tree, shapes or dtypes differ from `abstract_state`'s, or when any file is
   missing or unreadable. Older checkpoints are not tried: delete a bad one to fall back.
   """
-  directory = os.path.abspath(directory)
-  if not os.path.isdir(directory):
+  directory = _location(directory)
+  if not epath.Path(directory).is_dir():
     return None
   manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
   try:
     step = manager.latest_step()
     if step is None:
       return None
-    where = f"checkpoint {os.path.join(directory, str(step))}"
+    where = f"checkpoint {directory}/{step}"
     try:
       meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     except Exception as e:  # orbax and tensorstore raise many types; all mean the same here
@@ -160,15 +168,15 @@ def restore_latest(directory: str, abstract_state: Any, *, expected: dict[str, A
 def save_params(path: str, model: Model, *, preset: str | None = None) -> None:
   """Exports `model` (its parameters in their own dtype, e.g. after `cast_params(…, bfloat16)`, and its
   spec) to a new directory `path`, for `load_model`."""
-  path = os.path.abspath(path)
-  if os.path.exists(path):
+  path = _location(path)
+  if epath.Path(path).exists():
     raise FileExistsError(f"{path} exists; save_params writes a new directory")
   with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.join(path, "params"), model.params)
+    checkpointer.save(f"{path}/params", model.params)
     checkpointer.wait_until_finished()
-  # Written last: a directory with model.json holds complete parameters.
-  with open(os.path.join(path, _MODEL_JSON), "w") as f:
-    json.dump(model_spec(model, preset), f, indent=2)
+  # Written last (by one process of a slice): a directory with model.json holds complete parameters.
+  if jax.process_index() == 0:
+    epath.Path(path, _MODEL_JSON).write_text(json.dumps(model_spec(model, preset), indent=2))
 
 
 def export_name(path: str) -> str:
@@ -182,10 +190,9 @@ def export_name(path: str) -> str:
 def load_model(path: str) -> Model:
   """The model `save_params` exported to `path`, parameters checked by `models.with_params` and held in
   the config's float32 (bfloat16 exports load exactly). Raises CheckpointError on any problem."""
-  path = os.path.abspath(path)
+  path = _location(path)
   try:
-    with open(os.path.join(path, _MODEL_JSON)) as f:
-      spec = json.load(f)
+    spec = json.loads(epath.Path(path, _MODEL_JSON).read_text())
     init = _init_from_spec(spec)
   except (OSError, ValueError, TypeError, KeyError) as e:
     raise CheckpointError(f"{path} is not an exported model: its {_MODEL_JSON} is missing or invalid ({e})") from e
@@ -197,7 +204,7 @@ def load_model(path: str) -> Model:
   restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract.params)
   try:
     with ocp.PyTreeCheckpointer() as checkpointer:
-      params = checkpointer.restore(os.path.join(path, "params"),
+      params = checkpointer.restore(f"{path}/params",
                                     args=ocp.args.PyTreeRestore(restore_args=restore_args))
   except Exception as e:
     raise _unreadable(f"exported model {path}", e) from e
