@@ -16,14 +16,12 @@ import pytest
 from specdec import decoding, models
 from specdec.models import t5
 from specdec.training import convert, save_hf_t5
-from tests.test_t5 import ENCODER_LENGTHS, _data
+from tests.test_t5 import _data, assert_hf_logits_equal
 
 V = 64
 # Fewer decoder than encoder layers, as the drafters cut from a verifier: HF must size its caches by the decoder.
 CONFIG = t5.T5Config(vocab_size=V, emb_dim=32, num_heads=4, num_encoder_layers=3, num_decoder_layers=2, head_dim=8,
                      mlp_dim=48, max_len=32)
-_logits = jax.jit(lambda model, decoder_tokens, encoder_tokens, encoder_lengths: model.logits(
-    decoder_tokens, encoder_tokens=encoder_tokens, encoder_lengths=encoder_lengths))
 
 
 @pytest.fixture(scope="module")
@@ -102,16 +100,9 @@ def test_transformers_loads_every_weight_with_an_untied_unscaled_head(ours, expo
 
 
 def test_transformers_logits_equal_ours_on_padded_encoder_inputs(ours, exported):
-  torch = pytest.importorskip("torch")
+  pytest.importorskip("torch")
   hf, _, _ = _from_pretrained(exported)
-  encoder, decoder = _data(3, vocab=V)
-  mask = np.arange(encoder.shape[1]) < ENCODER_LENGTHS[:, None]
-  with torch.no_grad():
-    want = hf(input_ids=torch.from_numpy(encoder).long(), attention_mask=torch.from_numpy(mask).long(),
-              decoder_input_ids=torch.from_numpy(decoder).long()).logits.numpy()
-  got = np.asarray(_logits(ours, decoder, encoder, ENCODER_LENGTHS))
-  assert np.abs(want).max() > 1.0
-  np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+  assert_hf_logits_equal(hf, ours, vocab=V)
 
 
 def test_transformers_greedy_and_assisted_generate_equal_our_greedy(ours, exported, tmp_path):

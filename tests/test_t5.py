@@ -170,13 +170,19 @@ def test_relative_position_buckets_match_hugging_face():
 
 
 def test_hf_import_gives_pytorch_logits_with_padded_encoder_inputs(hf_model):
-  import torch
   hf, directory = hf_model
   ours = convert.load_hf_t5(directory)
   assert ours.config == t5.T5Config(vocab_size=64, emb_dim=32, num_heads=4, num_encoder_layers=2,
                                     num_decoder_layers=3, head_dim=8, mlp_dim=48)
-  encoder, decoder = _data(3, vocab=64)
-  mask = np.arange(7) < ENCODER_LENGTHS[:, None]
+  assert_hf_logits_equal(hf, ours, vocab=64)
+
+
+def assert_hf_logits_equal(hf, ours, vocab):
+  """transformers' teacher-forced logits equal ours (1e-4) on encoder inputs padded with junk past
+  ENCODER_LENGTHS (the attention mask must hide it)."""
+  import torch
+  encoder, decoder = _data(3, vocab=vocab)
+  mask = np.arange(encoder.shape[1]) < ENCODER_LENGTHS[:, None]
   with torch.no_grad():
     want = hf(input_ids=torch.from_numpy(encoder).long(), attention_mask=torch.from_numpy(mask).long(),
               decoder_input_ids=torch.from_numpy(decoder).long()).logits.numpy()
