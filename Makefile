@@ -19,7 +19,7 @@ TEST_GROUPS := \
   "tests/test_sampling.py tests/test_targets.py tests/test_verify.py tests/test_spectr.py tests/test_tree.py tests/test_theory.py" \
   "tests/test_transformer.py tests/test_decoding.py tests/test_decoding_laws.py tests/test_registry.py tests/test_drafters.py" \
   "tests/test_cs_drafting.py tests/test_specdec_pp.py tests/test_multi_draft.py" \
-  "tests/test_debian_data.py tests/test_vocab.py tests/test_tasks.py tests/test_seqio_tasks.py tests/test_metrics.py tests/test_pareto.py tests/test_sweep.py tests/test_launch.py" \
+  "tests/test_debian_data.py tests/test_vocab.py tests/test_tasks.py tests/test_seqio_tasks.py tests/test_metrics.py tests/test_pareto.py tests/test_recorded.py tests/test_sweep.py tests/test_launch.py" \
   "tests/test_training.py tests/test_t5.py tests/test_hf_export.py"
 # SPMD tests on 8 fake CPU devices, in a process of their own (the flag must be set before JAX starts).
 SHARDED_TESTS := tests/test_sharding.py
