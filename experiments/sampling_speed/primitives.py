@@ -1,6 +1,10 @@
 """What limits top-P on XLA:CPU: the cost of the selection primitives, the nucleus sizes, and the scratch
 memory of the block programs (glibc serves allocations above 32 MB from fresh, page-faulting mmap pages).
 
+A search pass over K thresholds at once (mass and count per threshold in one variadic reduction, the
+cheapest multi-threshold form here) and the number of candidates above the search's first bound (1 − P)/V
+give the floor of any pass-based exact search: ≥ log2(candidates) / log2(K + 1) such passes.
+
 Usage (repository root): python experiments/sampling_speed/primitives.py [--before a649a8b]
 """
 
@@ -24,6 +28,14 @@ from specdec.evaluation.timing import median_seconds  # noqa: E402
 from specdec.training.checkpoint import load_model  # noqa: E402
 
 
+def thresholds_pass(probs: jax.Array, thresholds: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(Σ_{bits ≥ t} p, #{bits ≥ t}) [rows, K] for K bit patterns t [rows, K] in one variadic reduction."""
+  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)[:, None, :]
+  above = bits >= thresholds[..., None]
+  return jax.lax.reduce((jnp.where(above, probs[:, None, :], 0.0), above.astype(jnp.int32)),
+                        (jnp.float32(0.0), jnp.int32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]), (2,))
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--before", default="a649a8b")
@@ -40,7 +52,10 @@ def main() -> None:
       "one pass: sampling.masked_sum(p, p >= t)": (lambda p: sampling.masked_sum(p, p >= t), probs),
       "top-P search probe (sampling._probe)": (lambda p: sampling._probe(p, threshold), probs),
       "top-P certificate sum (sampling._mass_from)": (lambda p: sampling._mass_from(p, threshold), probs),
+      "S(.) at top-P 1 (sampling.transform)": (lambda x: sampling.transform(x, 1.0, 1.0), logits),
       "S(.) at top-P 0.9 (sampling.transform)": (lambda x: sampling.transform(x, 1.0, 0.9), logits),
+      **{f"search pass over K={k} thresholds": (lambda p, k=k: thresholds_pass(p, threshold + jnp.arange(k)), probs)
+         for k in (1, 4, 8, 16)},
       "jnp.cumsum": (lambda p: jnp.cumsum(p, -1), probs),
       "jnp.sort": (lambda p: jnp.sort(p, -1), probs),
       **{f"lax.top_k k={k}": (lambda p, k=k: jax.lax.top_k(p, k), probs) for k in (16, 64, 256, 1024, 2048)}}
@@ -60,8 +75,10 @@ def main() -> None:
   ranked = np.cumsum(-np.sort(-np.asarray(probs), -1), -1)
   for top_p in (0.5, 0.9):
     sizes = (ranked < top_p).sum(-1) + 1
+    candidates = (np.asarray(probs) >= (1.0 - top_p) / vocab).sum(-1)
     print(f"nucleus at top-P {top_p} over the 72 rows: min {sizes.min()}, median {np.median(sizes):.0f}, "
-          f"max {sizes.max()} tokens")
+          f"max {sizes.max()} tokens; candidates above (1 - P)/V: median {np.median(candidates):.0f}, "
+          f"max {candidates.max()}")
 
   # A trained model's nuclei: the shipped 15m verifier (V = 8192), teacher-forced on debian_lm validation
   # texts of the shipped sample (first 128 tokens of each text that has them).
