@@ -231,7 +231,8 @@ def trained_pairs(args: argparse.Namespace) -> None:
                  f"{_acceptance_for(1.5 * block / per_token[0], gamma):.2f}")
       print(line, flush=True)
     if args.rates_plot:
-      _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token, f"{args.task}, T = {temperature:g}")
+      _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token,
+                  f"{args.task}, T = {temperature:g}")
     alphas = {runs[i][0]: _acceptance_for(totals[i]["generated"] / max(totals[i]["verifier_calls"], 1), runs[i][3])
               for i in range(1, len(runs))}
     for i in range(1, len(runs)):
@@ -299,8 +300,9 @@ def _ewif(name, gamma, alphas, drafters, costs, c_grams, totals, temperature, de
              and not entry.adaptive]
     if plain and f"{plain[0]} gamma={gamma}" in alphas:
       a_model, a_grams = alphas[f"{plain[0]} gamma={gamma}"], alphas[f"maxgram gamma={gamma}"]
-      value = theory.horizontal_cascade_ewif([a_model] * model_drafts + [a_grams] * (gamma - model_drafts),
-                                             [costs[id(model)][1]] * model_drafts + [c_grams / gamma] * (gamma - model_drafts))
+      value = theory.horizontal_cascade_ewif(
+          [a_model] * model_drafts + [a_grams] * (gamma - model_drafts),
+          [costs[id(model)][1]] * model_drafts + [c_grams / gamma] * (gamma - model_drafts))
       return f"{value:.2f}x (Thm 4.5 with the model's and Max-Gram's own acceptance per position)"
   return "no closed form for this configuration"
 
@@ -352,7 +354,8 @@ def random_pair(args: argparse.Namespace) -> None:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--drafter", nargs="+", default=["6m"],
-                      help="presets, or with --task export directories, 'maxgram' or 'maxgram:gate=K' (decoding.MaxGram), CS "
+                      help="presets, or with --task export directories, 'maxgram' or 'maxgram:gate=K' "
+                           "(decoding.MaxGram), CS "
            "Drafting cascades 'csd:EXPORT[:model_drafts=K][:lower_gamma=K][:lenience=L]' (decoding.cs_drafter) "
            "and/or SpecDec++ drafters 'pp:EXPORT[:head=DIR][:h=H]' (γ is their maximum Γ)")
   parser.add_argument("--max_match", type=int, default=8, help="MaxGram's longest suffix match")

@@ -1,9 +1,9 @@
 """Micro-benchmark: a verifier `score` of γ+1 tokens against 1 token, and the drafter/verifier cost ratio c.
 
 Random-weight `6m` (drafter) and `97m` (verifier) presets by default, or exported models (e.g. the
-shipped pair: `--drafter data/models/debian_drafter --verifier data/models/debian_verifier`), batch 1, a cache holding `--context` prefilled
-positions. c = time(drafter scores 1 token) / time(verifier scores 1 token), the c of SpecTr and of the
-speculative-decoding wall-time formula.
+shipped pair: `--drafter data/models/debian_drafter --verifier data/models/debian_verifier`), batch 1, a cache
+holding `--context` prefilled positions. c = time(drafter scores 1 token) / time(verifier scores 1 token),
+the c of SpecTr and of the speculative-decoding wall-time formula.
 
 Usage: python scripts/bench_models.py [--drafter 6m] [--verifier 97m] [--vocab 32000] [--context 128] [--repeats 20]
 Prints the machine, the command and the ratios measured in this run.

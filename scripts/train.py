@@ -8,8 +8,8 @@
 models, `specdec.data.tasks`), `seqio_batches` (a seqio task such as the paper's WMT / XSum / CNN-DM:
 `specdec.data.seqio_tasks`) and `export` (the trained parameters as a model directory for
 `checkpoint.load_model`, e.g. in bfloat16) are configurable too. It resumes from the latest checkpoint in
-`train.model_dir` and writes the gin config it ran with there (config.gin). Gin files and their includes are looked up from the
-working directory, then from the repository root.
+`train.model_dir` and writes the gin config it ran with there (config.gin). Gin files and their includes are
+looked up from the working directory, then from the repository root.
 """
 
 from __future__ import annotations

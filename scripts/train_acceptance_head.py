@@ -53,7 +53,8 @@ def train_acceptance_head(*, drafter: str, verifier: str, generated: str, task_n
                                 _rows(generated, task_names, "validation", n_validation),
                                 key=jax.random.PRNGKey(seed + 1), sampling=s)
   print(f"labelled {train.response.sum():,} train / {valid.response.sum():,} validation response tokens in "
-        f"{time.perf_counter() - start:.0f} s; mean acceptance {train.labels[train.response].mean():.3f} (T={temperature})",
+        f"{time.perf_counter() - start:.0f} s; mean acceptance {train.labels[train.response].mean():.3f} "
+        f"(T={temperature})",
         flush=True)
   config = HeadConfig(drafter_model.config.emb_dim, depth=depth)
   head, metrics = acceptance.train_head(drafter_model, train, valid, config=config, steps=steps,

@@ -184,7 +184,8 @@ def test_generated_continuations_round_trip_resume_and_train_like_a_task(tmp_pat
     assert generated.tokens[i, :n].tolist() == prompts[i, :n].tolist()
     alone = decoding.generate(jax.random.PRNGKey(0), None, model, prompts[i:i + 1, :n], lengths[i:i + 1],
                               method="autoregressive", temperature=0.0, max_new_tokens=32, eos_id=VOCAB.eos_id)
-    assert generated.tokens[i, n:generated.lengths[i]].tolist() == np.asarray(alone.tokens)[0, :int(alone.lengths[0])].tolist()
+    expected = np.asarray(alone.tokens)[0, :int(alone.lengths[0])].tolist()
+    assert generated.tokens[i, n:generated.lengths[i]].tolist() == expected
   batch = next(tasks.prefix_lm_batches("validation", batch_size=3, seq_len=256, vocab_size=VOCAB.vocab_size,
                                        tasks=["debian_synopsis"], generated=str(tmp_path)))
   assert batch["weights"].sum() == (generated.lengths - generated.prompt_lengths).sum()

@@ -263,7 +263,8 @@ def _error(records: list[Record], key: str, values: list[float]) -> list[list[fl
   intervals = [r.get(f"{key}_interval") for r in records]
   if any(i is None for i in intervals):
     return None
-  return [[max(v - i[0], 0.0) for v, i in zip(values, intervals)], [max(i[1] - v, 0.0) for v, i in zip(values, intervals)]]
+  return [[max(v - i[0], 0.0) for v, i in zip(values, intervals)],
+          [max(i[1] - v, 0.0) for v, i in zip(values, intervals)]]
 
 
 def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_label: str, *,

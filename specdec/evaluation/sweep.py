@@ -7,9 +7,9 @@ metric, then timed by the paper's protocol (App. F.1): batch size 1, the compili
 the mean over `n_latency_examples` × `latency_trials` decodes, relative to the verifier decoding alone
 (autoregressive, same temperature and top-P) on the same examples, timed interleaved with the point
 (example by example), so the ratio holds on a shared machine. That baseline point is part of every grid
-(its own quality and latency). Results are JSON lines, one per point, appended and fsynced as each point finishes; a rerun skips
-the points whose hash is already stored and drops a half-written last line, so a killed sweep resumes
-without losing or duplicating anything.
+(its own quality and latency). Results are JSON lines, one per point, appended and fsynced as each point
+finishes; a rerun skips the points whose hash is already stored and drops a half-written last line, so a
+killed sweep resumes without losing or duplicating anything.
 
 One function per concern:
   expand_grid(experiment) -> [Point]        the grid in canonical form, validated before any compute
@@ -627,8 +627,8 @@ def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] 
 
     hash, context_hash, family, point (the canonical config), context, metric, quality,
     seconds_per_example, relative_latency (to the verifier alone at the same temperature and top-P, timed
-    interleaved with the point), baseline {hash, seconds_per_example (of that interleaved timing)}, costs (metrics.cost_metrics), counters (summed over examples),
-    git_commit, device, seeds, finished_at.
+    interleaved with the point), baseline {hash, seconds_per_example (of that interleaved timing)}, costs
+    (metrics.cost_metrics), counters (summed over examples), git_commit, device, seeds, finished_at.
 
   Everything is validated before the first decode; nothing is written for a bad grid. Returns the
   grid's records (stored and new) in grid order.
