@@ -141,7 +141,10 @@ def test_figure_3_has_a_panel_per_gamma_and_methods_keep_their_style_across_figu
   assert [p.title.rsplit(", ", 1)[1] for p in panels] == ["γ=1", "γ=5"]
   assert all(len(rs) == 1 for p in panels for rs in p.series.values())
   styles = pareto._styles(panels)
-  assert pareto._styles(pareto.group_records(records)).keys() >= {"A [γ=1]", "A [γ=5]"}
+  assert pareto._styles(pareto.group_records(records)) == styles
+  colour_and_marker = {name: style[:2] for name, style in styles.items()}
+  assert colour_and_marker["A [γ=1]"] == colour_and_marker["A [γ=5]"] != colour_and_marker["B [γ=1]"]
+  assert styles["A [γ=1]"][2] != styles["A [γ=5]"][2]
   assert len(set(styles.values())) == len(styles)
 
 

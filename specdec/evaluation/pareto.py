@@ -249,13 +249,21 @@ def _axes(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
 
 
 _MARKERS = "osD^vP*Xh<>p"
+_LINE_STYLES = ("-", "--", ":", "-.")
 
 
-def _styles(groups: Sequence[Group]) -> dict[str, tuple[Any, str]]:
-  """One (colour, marker) per series name across every panel and both figures, in Table 2's order."""
-  names = list(dict.fromkeys(name for group in groups for name in group.series))
-  colours = plt.get_cmap("tab20" if len(names) > 10 else "tab10").colors
-  return {name: (colours[i % len(colours)], _MARKERS[i % len(_MARKERS)]) for i, name in enumerate(names)}
+def _styles(groups: Sequence[Group]) -> dict[str, tuple[Any, str, str]]:
+  """(colour, marker, line style) per series name across every panel and both figures: one colour and
+  marker per method (family), in Table 2's order; a method's variants (γ=1, γ=5, …) differ in line style."""
+  family = {name: records[0]["family"] for group in groups for name, records in group.series.items()}
+  families = list(dict.fromkeys(family.values()))
+  colours = plt.get_cmap("tab20" if len(families) > 10 else "tab10").colors
+  styles, variants = {}, {}
+  for name, method in family.items():
+    i, variant = families.index(method), variants.setdefault(method, 0)
+    variants[method] += 1
+    styles[name] = (colours[i % len(colours)], _MARKERS[i % len(_MARKERS)], _LINE_STYLES[variant % len(_LINE_STYLES)])
+  return styles
 
 
 def _error(records: list[Record], key: str, values: list[float]) -> list[list[float]] | None:
@@ -281,13 +289,13 @@ def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_la
       members = [r for r in members if cost(r) is not None]
       if not members:
         continue
-      colour, marker = styles[name]
+      colour, marker, line_style = styles[name]
       xs, ys = [cost(r) for r in members], [r["quality"] for r in members]
       ax.errorbar(xs, ys, yerr=_error(members, "quality", ys),
                   xerr=_error(members, "relative_latency", xs) if latency else None, fmt="none", ecolor=colour,
                   alpha=0.35, linewidth=0.8)
       optimal = frontier(list(zip(xs, ys)))
-      ax.plot(*zip(*optimal), marker=marker, markersize=5, color=colour, label=name)
+      ax.plot(*zip(*optimal), marker=marker, markersize=5, color=colour, linestyle=line_style, label=name)
       ax.scatter([x for x, y in zip(xs, ys) if (x, y) not in optimal],
                  [y for x, y in zip(xs, ys) if (x, y) not in optimal], s=12, marker=marker, color=colour, alpha=0.35)
       for r, x, y in zip(members, xs, ys):
