@@ -153,7 +153,8 @@ def test_a_sharded_training_step_equals_the_one_device_step(optimizer, shape):
   # Parameters to 1e-3 of one step's largest update (lr): a sharding fault (a missing all-reduce, a wrong
   # slice) moves them by O(lr). AdamW divides each gradient by its own RMS, so a gradient near zero whose
   # sum another reduction order rounds differently moves by up to ~4e-4·lr (measured on AVX-512 CPUs).
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), jax.device_get(state.params), want)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               jax.device_get(state.params), want)
 
 
 def test_the_training_loop_checkpoints_and_resumes_sharded(tmp_path, capsys):

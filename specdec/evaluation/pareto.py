@@ -258,10 +258,10 @@ def _styles(groups: Sequence[Group]) -> dict[str, tuple[Any, str, str]]:
   family = {name: records[0]["family"] for group in groups for name, records in group.series.items()}
   families = list(dict.fromkeys(family.values()))
   colours = plt.get_cmap("tab20" if len(families) > 10 else "tab10").colors
-  styles, variants = {}, {}
+  styles = {}
   for name, method in family.items():
-    i, variant = families.index(method), variants.setdefault(method, 0)
-    variants[method] += 1
+    i = families.index(method)
+    variant = sum(family[other] == method for other in styles)   # this method's series styled so far
     styles[name] = (colours[i % len(colours)], _MARKERS[i % len(_MARKERS)], _LINE_STYLES[variant % len(_LINE_STYLES)])
   return styles
 
