@@ -703,8 +703,9 @@ def _check_one_run(done: list[dict[str, Any]], shared: dict[str, Any], experimen
         f"{experiment.output} holds {len(done)} finished points of this run recorded on "
         + "; ".join(f"commit {commit} / {machine}" for commit, machine in others)
         + f", and this process runs on commit {shared['git_commit']} / {shared['device']}: latencies from "
-        "different code or machines are not comparable. Finish the run where it started, write to a new "
-        "Experiment.output, or set Experiment.allow_mixed_runs = True")
+        "different code or machines are not comparable. Finish the run where it started (on its machine, "
+        "from `git worktree add DIR COMMIT` with PYTHONPATH=DIR and an absolute Experiment.output), write to "
+        "a new Experiment.output, or set Experiment.allow_mixed_runs = True")
 
 
 # --- gin ----------------------------------------------------------------------------------------------------
