@@ -134,14 +134,20 @@ def test_table2_cells_carry_the_bootstrap_intervals():
   assert "| A | 1.67× [1.54, 1.82] (α=0.1, latency 0.60) | 21.00 [20.20, 21.90] (α=0.1, latency 0.60) |" in table
 
 
-def test_figure_3_has_a_panel_per_gamma_and_methods_keep_their_style_across_figures():
+def test_figure_3_has_a_panel_per_gamma_and_methods_keep_their_style_across_figures(monkeypatch):
   records = [_large(20.0), *[_record("A", 20.0 + g, 0.5, gamma=g) for g in (1, 5)],
              *[_record("B", 19.0, 0.7, rule="opt", gamma=g) for g in (1, 5)]]
   panels = pareto.rejection_panels(records)
   assert [p.title.rsplit(", ", 1)[1] for p in panels] == ["γ=1", "γ=5"]
   assert all(len(rs) == 1 for p in panels for rs in p.series.values())
-  styles = pareto._styles(panels)
-  assert pareto._styles(pareto.group_records(records)) == styles
+  # a method without drafts (in Figure 4, not in Figure 3) comes first in Table 2's order
+  records.append(_record("Seq", 18.0, 0.4, method="seq_cascade", rule="chow", gamma=None))
+  used = {}
+  monkeypatch.setattr(pareto, "_plot_groups", lambda groups, path, *args, styles, **kwargs: used.update({path: styles}))
+  pareto.plot_latency(records, "pareto")
+  pareto.plot_rejection(records, "rejection")
+  styles = used["pareto"]
+  assert used["rejection"] == styles and "Seq" in styles
   colour_and_marker = {name: style[:2] for name, style in styles.items()}
   assert colour_and_marker["A [γ=1]"] == colour_and_marker["A [γ=5]"] != colour_and_marker["B [γ=1]"]
   assert styles["A [γ=1]"][2] != styles["A [γ=5]"][2]

@@ -276,13 +276,12 @@ def _error(records: list[Record], key: str, values: list[float]) -> list[list[fl
 
 
 def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_label: str, *,
-                 latency: bool) -> None:
+                 latency: bool, styles: dict[str, tuple[Any, str, str]]) -> None:
   """One panel per group: per series its measured points with error bars, the Pareto frontier as a line,
   α on the frontier points; the large model's quality as a dotted line (and, on the latency axis, x = 1
   and both models alone as markers)."""
   if not groups:
     raise ValueError("no records to plot")
-  styles = _styles(groups)
   figure, axes = _axes(len(groups))
   for ax, group in zip(axes, groups):
     for name, members in group.series.items():
@@ -303,7 +302,8 @@ def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_la
           ax.annotate(f"{r['point']['alpha']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6,
                       color=colour)
     if group.large is not None:
-      ax.axhline(group.large["quality"], color="black", linestyle=":", linewidth=1)
+      ax.axhline(group.large["quality"], color="black", linestyle=":", linewidth=1,
+                 label=None if latency else "Large (verifier)")   # on the latency axis its marker has the entry
     if latency:
       ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8)
       for record, marker, name in ((group.small, "*", "Small (drafter)"), (group.large, "s", "Large (verifier)")):
@@ -325,8 +325,9 @@ def plot_latency(records: Sequence[Record], path: str | os.PathLike) -> None:
   """Figure 4: quality vs latency relative to the large model, one line per method along its frontier
   (α labels, 95 % intervals as error bars), the models alone as markers, the large model's quality as a
   dotted line and its latency (x = 1) dashed; one panel per group."""
-  _plot_groups(group_records(records), path, lambda r: r["relative_latency"], "latency relative to the large model",
-               latency=True)
+  groups = group_records(records)
+  _plot_groups(groups, path, lambda r: r["relative_latency"], "latency relative to the large model",
+               latency=True, styles=_styles(groups))
 
 
 def _draft_rejection_rate(record: Record) -> float | None:
@@ -342,8 +343,10 @@ def plot_rejection(records: Sequence[Record], path: str | os.PathLike) -> None:
   """Figure 3: quality vs the paper's rejection rate (rejected draft tokens / draft tokens) for the methods
   that draft, frontier lines, the large model's quality as a dotted line; one panel per group and γ (the
   paper's figure is at γ = 1)."""
+  # styled from all the records' series, as plot_latency is: a method keeps its colour in both figures
   _plot_groups(rejection_panels(records), path, _draft_rejection_rate,
-               "rejection rate (rejected draft tokens / draft tokens)", latency=False)
+               "rejection rate (rejected draft tokens / draft tokens)", latency=False,
+               styles=_styles(group_records(records)))
 
 
 def rejection_panels(records: Sequence[Record]) -> list[Group]:
