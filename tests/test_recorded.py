@@ -133,8 +133,9 @@ def test_a_figure_is_checked_against_its_record_and_the_prose():
 def test_figures_quoted_in_the_write_ups_are_their_records_values():
   figures = [(doc, *figure) for doc in WRITE_UPS for figure in quoted_figures(doc.read_text())]
   assert len(figures) >= 10, "the write-ups list their figures in figures comments (the protocol runs', at least)"
+  records = {source: read_results(REPO_ROOT / source) for source in {figure[1] for figure in figures}}
   for doc, source, claim, prose, heading in figures:
     try:
-      check_figure(read_results(REPO_ROOT / source), claim, prose)
+      check_figure(records[source], claim, prose)
     except AssertionError as e:
       raise AssertionError(f"{doc.name}, {heading}: {e}") from e
