@@ -5,7 +5,7 @@ A method supplies a start state and a step; `decode_loop` owns the `lax.while_lo
 
   state, emission = step(state, done)     # done [B]: rows that finished before this step
   # emission.block [B, n], emission.count [B] tokens of it to emit, emission.failed [B] rows NaN reached,
-  # emission.counters {Stats field: [B] increments}, emission.deferred [B, n] (π ≠ q at that token)
+  # emission.counters {Stats field: [B] increments}, emission.deferred [B, n] (δ, or π ≠ q, at that token)
 
 The driver appends each row's tokens (cut at EOS and max_new_tokens), charges the counters to the rows
 that were live (not done, not failed), counts `generated` and `deferred` over the tokens actually emitted,
@@ -42,7 +42,9 @@ class Stats:
                                  it (speculative methods, BiLD); 0 for the sequential cascades, whose tokens
                                  are never tested: each is the drafter's or, where `deferred`, the verifier's;
   rejected                       blocks in which a draft was rejected;
-  deferred                       emitted tokens whose target was not the drafter's distribution (π ≠ q);
+  deferred                       emitted tokens deferred to the verifier: a deferral rule's decision δ = 1
+                                 (even where p = q, e.g. greedy p and q that agree), any other target's
+                                 π ≠ q (lossless SpecDecode: wherever p ≠ q beyond float noise);
   generated                      emitted tokens.
   """
   drafter_calls: Array

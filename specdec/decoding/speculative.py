@@ -71,7 +71,8 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
   """SpecDecode / SpecCascade: GenSpecSample (Alg. 4) with π_j = T(q_j, p_j) of `rule` at each position.
 
   The bonus position γ uses π_γ = T(q_γ, p_γ) too, except for the lossy rules, whose bonus is drawn
-  from p as in Tran-Thien (docs/design.md). `deferred` counts emitted positions where π_j ≠ q_j.
+  from p as in Tran-Thien (docs/design.md). `deferred` counts emitted positions where a deferral rule's
+  δ_j = 1, or, for any other rule, π_j ≠ q_j.
   """
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, key_draft, key_verify = jax.random.split(state.key, 3)

@@ -119,7 +119,8 @@ def cost_metrics(stats: Stats | Mapping[str, np.ndarray]) -> dict[str, float | N
   rejection_rate            rejected / drafted (blocks with a rejection per draft token)
   draft_rejection_rate      (drafted − accepted) / drafted: rejected draft tokens per draft token, the
                             paper's rejection rate (Figure 3's x-axis; equal to rejection_rate at γ = 1)
-  deferral_rate             deferred / generated (emitted tokens whose target was not the drafter's)
+  deferral_rate             deferred / generated (emitted tokens deferred to the verifier: δ = 1 for a
+                            deferral rule, π ≠ q for any other target; see decoding.common.Stats)
   tokens_per_verifier_call  generated / verifier_calls
   drafter_calls_per_token   drafter_calls / generated
   verifier_calls_per_token  verifier_calls / generated
