@@ -23,7 +23,7 @@ TEST_GROUPS := \
   "tests/test_cs_drafting.py tests/test_specdec_pp.py tests/test_multi_draft.py" \
   "tests/test_training.py tests/test_t5.py tests/test_hf_export.py" \
   "$(SHARDED_TESTS)" \
-  "tests/test_sampling.py tests/test_targets.py tests/test_verify.py tests/test_spectr.py tests/test_tree.py tests/test_theory.py" \
+  "tests/test_sampling.py tests/test_targets.py tests/test_verify.py tests/test_spectr.py tests/test_tree.py tests/test_theory.py tests/test_compiled.py" \
   "tests/test_debian_data.py tests/test_vocab.py tests/test_tasks.py tests/test_seqio_tasks.py tests/test_metrics.py tests/test_pareto.py tests/test_recorded.py tests/test_sweep.py tests/test_launch.py"
 TEST_JOBS ?= 2
 
@@ -38,8 +38,9 @@ test-slow: $(STAMP)
 quickstart: $(STAMP)
 	JAX_PLATFORMS=cpu $(BIN)/python scripts/quickstart.py
 
+# Whatever backend JAX finds (CPU, GPU, TPU): experiments/backend_<backend>/results.{json,md}.
 bench: $(STAMP)
-	JAX_PLATFORMS=cpu $(BIN)/python scripts/bench_verify.py
+	$(BIN)/python scripts/bench_backend.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

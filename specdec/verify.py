@@ -89,15 +89,18 @@ def _verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array, n_drafte
 
   # At j* < n_drafted the residual is max(0, π − q); at j* = n_drafted no draft was made there (q taken
   # as 0), so the residual is π itself: the bonus token.
-  rows = jnp.arange(batch)
-  q_star = jnp.where((n_accepted < n_drafted)[:, None], q[rows, jnp.minimum(n_accepted, gamma - 1)], 0.0)
-  next_token = sampling.sample(key_resample, residual(pi[rows, n_accepted], q_star))
+  # Row b's position n_accepted[b], one row at a time (`vmap`): a gather whose rows are a batch dimension
+  # stays on each row's device under a mesh (indexing by row ids gathers every row onto every device).
+  at_row = jax.vmap(lambda x, j: x[j])
+  pi_star = at_row(pi, n_accepted)
+  q_star = jnp.where((n_accepted < n_drafted)[:, None], at_row(q, jnp.minimum(n_accepted, gamma - 1)), 0.0)
+  next_token = sampling.sample(key_resample, residual(pi_star, q_star))
 
   # NaN anywhere in the entries this step reads poisons its outcome; checking only those keeps the
   # flag off the [B, γ, V] arrays (a full pass each).
   drafted = jnp.arange(gamma) < n_drafted[:, None]
   used = jnp.concatenate([jnp.where(drafted, q_x, 0.0), jnp.where(drafted, pi_x, 0.0),
-                          jnp.sum(pi[rows, n_accepted], -1, keepdims=True),
+                          jnp.sum(pi_star, -1, keepdims=True),
                           jnp.sum(q_star, -1, keepdims=True)], axis=-1)
   bad = jnp.any(jnp.isnan(used), axis=-1)
   return jnp.where(bad, -1, n_accepted).astype(jnp.int32), jnp.where(bad, -1, next_token)

@@ -74,25 +74,29 @@ def _top_p_by_bisection(logits, temperature, top_p):
   return jnp.where(greedy, one_hot, truncated)
 
 
-_transform = jax.jit(sampling.transform)
+_transform = jax.jit(sampling.transform, static_argnames=("top_k", "method"))
 _definition = jax.jit(_top_p_by_bisection)
+# Both top-p searches (the CPU's bisection, the accelerators' top-k) against the definition, on this CPU.
+METHODS = pytest.mark.parametrize("method", ["bisection", "top_k"])
 
 
-def _assert_same_bits(logits, temperature, top_p):
-  got = np.asarray(_transform(logits, temperature, top_p))
+def _assert_same_bits(logits, temperature, top_p, method="auto"):
+  got = np.asarray(_transform(logits, temperature, top_p, method=method))
   want = np.asarray(_definition(logits, temperature, top_p))
   np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
 
 
+@METHODS
 @pytest.mark.parametrize("vocab, scale", [(11, 2.0), (1000, 3.0), (32_000, 3.0)])
-def test_top_p_equals_bisection_bit_for_bit(vocab, scale):
+def test_top_p_equals_bisection_bit_for_bit(vocab, scale, method):
   logits = jnp.asarray(np.random.default_rng(vocab).normal(size=(6, vocab)) * scale, jnp.float32)
   for temperature in (0.0, 0.7, 1.0):
     for top_p in (1.0, 0.999, 0.9, 0.5, 0.1):
-      _assert_same_bits(logits, temperature, top_p)
+      _assert_same_bits(logits, temperature, top_p, method)
 
 
-def test_top_p_bit_for_bit_on_ties_one_hot_rows_and_whole_vocabulary_nuclei():
+@METHODS
+def test_top_p_bit_for_bit_on_ties_one_hot_rows_and_whole_vocabulary_nuclei(method):
   rng = np.random.default_rng(7)
   ties = rng.integers(-3, 3, size=(8, 64)).astype(np.float32)                 # groups of equal p
   uniform = np.zeros((8, 64), np.float32)                                      # one group of 64
@@ -102,12 +106,13 @@ def test_top_p_bit_for_bit_on_ties_one_hot_rows_and_whole_vocabulary_nuclei():
   bf16 = np.asarray(jnp.asarray(rng.normal(size=(8, 64)) * 3, jnp.bfloat16), np.float32)
   logits = jnp.asarray(np.concatenate([ties, uniform, one_hot, flat, bf16]))
   for top_p in (1.0, 1 - 1e-7, 0.99, 0.7, 0.5, 0.3, 1 / 64, 1e-3):
-    _assert_same_bits(logits, 1.0, top_p)
+    _assert_same_bits(logits, 1.0, top_p, method)
   per_row = jnp.asarray(rng.choice([1.0, 0.9, 0.5, 0.25], size=40), jnp.float32)  # mixed top_p = 1 rows
-  _assert_same_bits(logits, jnp.asarray(rng.choice([0.0, 0.5, 1.0], size=40), jnp.float32), per_row)
+  _assert_same_bits(logits, jnp.asarray(rng.choice([0.0, 0.5, 1.0], size=40), jnp.float32), per_row, method)
 
 
-def test_top_p_bit_for_bit_where_the_search_and_the_definition_sum_differently():
+@METHODS
+def test_top_p_bit_for_bit_where_the_search_and_the_definition_sum_differently(method):
   """top_p set to the definition's own Σ_{p ≥ p_v} p: at such budgets the search's vectorised sums and
   the definition's fall on both sides of top_p in some rows, which the certificate must catch."""
   logits = jnp.asarray(np.random.default_rng(8).normal(size=(64, 2000)) * 2, jnp.float32)
@@ -118,7 +123,25 @@ def test_top_p_bit_for_bit_where_the_search_and_the_definition_sum_differently()
   search_sum = jnp.minimum(sampling._probe(probs, threshold)[0][:, 0], 1.0)
   assert np.any(np.asarray(definition_sum != search_sum)), "the fixture must make the two orders disagree"
   for top_p in (definition_sum, search_sum, jnp.nextafter(definition_sum, 2.0)):
-    _assert_same_bits(logits, 1.0, jnp.minimum(top_p, 1.0))
+    _assert_same_bits(logits, 1.0, jnp.minimum(top_p, 1.0), method)
+
+
+def test_top_k_search_has_no_loop_and_falls_back_only_when_uncertified():
+  """The accelerators' path compiles to straight-line code (plus one conditional fallback); a nucleus
+  larger than its candidate set (a flat row of 32k) is still cut exactly, by the fallback."""
+  lowered = _transform.lower(jnp.zeros((8, 9, 32_000)), 1.0, 0.9, method="top_k")
+  assert " while(" not in lowered.compile().as_text()
+  assert " while(" in _transform.lower(jnp.zeros((8, 9, 32_000)), 1.0, 0.9, method="bisection").compile().as_text()
+  flat = jnp.asarray(np.random.default_rng(3).normal(size=(2, 32_000)) * 1e-2, jnp.float32)
+  assert int(np.sum(np.asarray(_transform(flat, 1.0, 0.9)) > 0, axis=-1).min()) > sampling.TOP_K_CANDIDATES
+  _assert_same_bits(flat, 1.0, 0.9, "top_k")
+
+
+def test_auto_top_p_method_follows_the_backend_and_a_bad_one_raises():
+  assert sampling.top_p_method("auto") == ("bisection" if jax.default_backend() == "cpu" else "top_k")
+  assert sampling.Sampling(top_p_method="top_k").checked().top_p_method == "top_k"
+  with pytest.raises(ValueError, match="top_p_method must be one of"):
+    sampling.Sampling(top_p_method="sort").checked()
 
 
 def test_certificate_sums_are_the_definitions_bit_for_bit():

@@ -6,6 +6,7 @@ Runs in its own pytest process (Makefile): the 8 devices must be set before JAX 
 """
 
 import os
+import re
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
@@ -116,6 +117,37 @@ def test_decoding_on_a_mesh_gives_the_one_device_tokens(kind, shape, method, tem
   np.testing.assert_array_equal(got.stats.verifier_calls, want.stats.verifier_calls)
   if method != "autoregressive":
     assert 0 < int(np.sum(want.stats.accepted)) < int(np.sum(want.stats.drafted))
+
+
+def _loop_arrays(hlo):
+  """Per-device shapes of the rank-4 float arrays that the compiled program's while loops carry (KV caches
+  [rows, heads, slots, head_dim]: SPMD-partitioned HLO spells every shape per device)."""
+  shapes = []
+  for line in hlo.splitlines():
+    if " while(" in line:
+      carry = line.split(" while(")[0]
+      shapes += [tuple(int(d) for d in dims.split(",")) for dims in re.findall(r"f32\[(\d+,\d+,\d+,\d+)\]", carry)]
+  return shapes
+
+
+@pytest.mark.parametrize("kind, method, temperature", [("lm", "autoregressive", 0.0), ("lm", "speculative", 1.0),
+                                                       ("t5", "speculative", 0.0), ("t5", "speculative", 1.0)])
+def test_data_parallel_devices_hold_only_their_rows(kind, method, temperature):
+  """Mesh (data=4, model=2), batch 12: every KV cache the decode loop carries holds 3 rows per device (each
+  data replica decodes its own rows, model-parallel over heads), and the tokens are one device's."""
+  drafter, verifier = _pair(kind)
+  prompts, lengths = _prompts(batch=12)
+  kw = dict(method=method, gamma=3, temperature=temperature, max_new_tokens=12, eos_id=None)
+  key = jax.random.PRNGKey(5)
+  want = decoding.generate(key, drafter, verifier, prompts, lengths, **kw)
+  mesh = partitioning.make_mesh(4, 2)
+  args = (key, partitioning.shard_model(drafter, mesh), partitioning.shard_model(verifier, mesh),
+          partitioning.shard_batch(jnp.asarray(prompts), mesh), lengths)
+  got = decoding.generate(*args, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  caches = _loop_arrays(decoding.lower(*args, **kw).compile().as_text())
+  assert caches, "the decode loop carries no KV cache?"
+  assert {shape[0] for shape in caches} == {3}, caches
 
 
 def _t5_batch(batch=8):

@@ -68,7 +68,10 @@ def test_the_head_decides_the_draft_length(bias, threshold, drafts):
   out = decoding.generate(jax.random.PRNGKey(0), headed, verifier, prompts, method="specdec_pp",
                           stop_threshold=threshold, max_gamma=4, temperature=0.0, max_new_tokens=24, eos_id=None)
   assert int(out.stats.drafted[0]) == drafts * int(out.stats.verifier_calls[0])
-  assert int(out.stats.drafter_calls[0]) == (drafts + 1) * int(out.stats.verifier_calls[0])
+  # A block that stops early made the call that decided it; a block of max_gamma drafts calls on its last
+  # draft only if every draft was accepted (the call then puts it in the drafter's cache).
+  calls, rejected = int(out.stats.verifier_calls[0]), int(out.stats.rejected[0])
+  assert int(out.stats.drafter_calls[0]) == drafts * calls + (calls if drafts < 4 else calls - rejected)
 
 
 def test_specdec_pp_refuses_a_drafter_without_head_and_bad_thresholds():

@@ -165,3 +165,26 @@ def test_score_returns_the_hidden_states_the_logits_are_read_from(model):
   # lm1b's output layer: logits = hidden · embeddingᵀ / √E.
   embedding = np.asarray(model.params["embed"]["embedding"])
   np.testing.assert_allclose(logits, np.asarray(hidden) @ embedding.T / np.sqrt(model.config.emb_dim), atol=ATOL)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "t5_tiny"])
+def test_bfloat16_weights_and_cache_give_float32_logits_close_to_float32(preset):
+  f32 = models.build(preset, vocab_size=V, seed=0)
+  bf16 = models.with_dtype(f32, jnp.bfloat16)
+  assert {leaf.dtype for leaf in jax.tree.leaves(bf16.params)} == {jnp.dtype(jnp.bfloat16)}
+  seqs, prompts, _ = _data(6)
+  logits = []
+  for model in (f32, bf16):
+    _, cache = _prefilled(model, prompts)
+    scored, cache = _score(model, cache, seqs[:, 8:12])
+    logits.append(np.asarray(scored))
+  assert scored.dtype == jnp.float32
+  assert {x.dtype for x in jax.tree.leaves(cache.kv) if jnp.issubdtype(x.dtype, jnp.floating)} == {
+      jnp.dtype(jnp.bfloat16)}
+  assert not np.array_equal(logits[0], logits[1])  # the bfloat16 path really ran
+  np.testing.assert_allclose(logits[1], logits[0], rtol=0, atol=0.05 * np.abs(logits[0]).max())
+
+
+def test_with_dtype_rejects_a_non_float_dtype(model):
+  with pytest.raises(ValueError, match="dtype must be a floating-point type"):
+    models.with_dtype(model, jnp.int32)

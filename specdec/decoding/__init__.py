@@ -9,6 +9,7 @@ traced ones) are arguments: a sweep compiles once per (method, static parameters
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -22,7 +23,7 @@ from specdec.decoding.common import Output, Stats
 from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_drafter, bigram_table
 from specdec.decoding.methods import METHODS, Method, Param, register
-from specdec.models import base
+from specdec.models import base, partitioning
 from specdec.models.base import Model
 from specdec.sampling import Sampling
 
@@ -34,7 +35,7 @@ DEFAULT_EOS_ID = 1
 
 __all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "HorizontalCascade", "METHODS", "MaxGram", "Method", "ModelDrafter",
            "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "cs_drafter", "generate",
-           "register"]
+           "lower", "register"]
 
 
 def _int(name: str, value: Any, lo: int) -> int:
@@ -113,6 +114,32 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
   model's logits stops the affected rows (inside the jitted loop, without a host round-trip) and then
   raises FloatingPointError naming them. Bad arguments raise ValueError before any compute.
   """
+  args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
+                          sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
+                          params=params)
+  out = _generate(key, *args, **static)
+  failed = np.asarray(out.failed)
+  if failed.any():
+    raise FloatingPointError(f"NaN logits reached rows {np.flatnonzero(failed).tolist()} of the batch; "
+                             "those rows stopped (Output.failed). Check the model's parameters and dtype.")
+  return out
+
+
+def lower(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts: Array,
+          prompt_lengths: Array | None = None, *, method: str, max_new_tokens: int,
+          sampling: Sampling | None = None, temperature: float | None = None, top_p: float | None = None,
+          top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, **params: Any) -> jax.stages.Lowered:
+  """The program `generate` runs for these arguments, lowered, not run: `.compile().as_text()` is its
+  optimized HLO, `.compile().memory_analysis()` its memory (tests and benchmarks read both)."""
+  args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
+                          sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
+                          params=params)
+  return _generate.lower(key, *args, **static)
+
+
+def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_tokens, sampling, temperature, top_p,
+             top_k, eos_id, params) -> tuple[tuple, dict[str, Any]]:
+  """`generate`'s checks on the host: the jitted loop's arguments after the key, and its static arguments."""
   spec = methods.get(method)
   params = spec.resolve(params)
   sampling = _sampling(sampling, temperature, top_p, top_k)
@@ -139,19 +166,19 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
                                   spec.slack(params) + getattr(drafter, "slack", 0))
   common.check_prompts(prompts, prompt_lengths, cache_length, models)
   traced = {name: jnp.float32(value) for name, value in spec.traced(params).items()}
-  out = _generate(key, drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
-                  sampling, traced, method=method, static=tuple(sorted(spec.static(params).items())),
-                  max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length)
-  failed = np.asarray(out.failed)
-  if failed.any():
-    raise FloatingPointError(f"NaN logits reached rows {np.flatnonzero(failed).tolist()} of the batch; "
-                             "those rows stopped (Output.failed). Check the model's parameters and dtype.")
-  return out
+  args = (drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), sampling,
+          traced)
+  return args, dict(method=method, static=tuple(sorted(spec.static(params).items())),
+                    max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
+                    mesh=partitioning.mesh_of((verifier, prompts)))
 
 
-@functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length"))
+@functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh"))
 def _generate(key, drafter, verifier, prompts, prompt_lengths, sampling, traced, *, method, static,
-              max_new_tokens, eos_id, cache_length) -> Output:
-  return METHODS[method].decode(key, drafter, verifier, prompts, prompt_lengths, sampling=sampling,
-                                max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
-                                **traced, **dict(static))
+              max_new_tokens, eos_id, cache_length, mesh) -> Output:
+  # Traced under the models' mesh, if any: the models then gather their logits over 'model' once per call
+  # (`partitioning.gather_vocab`).
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
+    return METHODS[method].decode(key, drafter, verifier, prompts, prompt_lengths, sampling=sampling,
+                                  max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
+                                  **traced, **dict(static))

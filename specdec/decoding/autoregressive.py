@@ -36,8 +36,7 @@ def autoregressive(key: Array, model: Model, prompts: Array, prompt_lengths: Arr
   def step(state: _State, done: Array) -> tuple[_State, common.Emission]:
     key, step_key = jax.random.split(state.key)
     logits, cache = model.score(state.cache, state.last[:, None])
-    token = sampling_lib.sample(step_key, sampling_lib.transform(logits[:, 0], sampling.temperature,
-                                                                 sampling.top_p, sampling.top_k))
+    token = sampling_lib.sample(step_key, sampling.transform(logits[:, 0]))
     failed = common.has_nan(logits)
     log_confidence = state.log_confidence
     if with_log_confidence:

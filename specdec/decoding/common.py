@@ -35,7 +35,9 @@ class Stats:
   """Per-row cost counters, each [B] int32. A call counts for a row when the row needed it (a row riding
   along in a batched call it did not need, e.g. a TokenCascade catch-up, is not charged).
 
-  drafter_calls, verifier_calls  serial model calls;
+  drafter_calls, verifier_calls  serial model calls (a model drafter: γ per speculative block, plus the call
+                                 scoring the last draft where the block accepted every draft or the target
+                                 reads q at the bonus position);
   verifier_positions             positions the verifier's calls scored (a call's width: γ+1 for a block,
                                  1 + K·γ tree slots for K drafts), the compute the verifier spent;
   drafted, accepted              draft tokens proposed to the verifier's acceptance test and accepted by
@@ -158,12 +160,9 @@ def emit(emitted: Emitted, block: Array, count: Array, *, max_new_tokens: int, e
   else:
     hit_eos = jnp.zeros((batch,), bool)
   count = jnp.minimum(count, max_new_tokens - emitted.n_generated)
-  positions = emitted.n_generated[:, None] + index
-  # Tokens beyond `count` land at a slot that is overwritten later or cut by the final slice.
-  write = jnp.where(index < count[:, None], block, 0)
-  tokens = emitted.tokens.at[jnp.arange(batch)[:, None], jnp.where(index < count[:, None], positions,
-                                                                   emitted.tokens.shape[1])].set(
-      write, mode="drop")
+  positions = jnp.where(index < count[:, None], emitted.n_generated[:, None] + index, emitted.tokens.shape[1])
+  # Row by row (`vmap`: under a mesh each device writes its own rows); tokens beyond `count` are dropped.
+  tokens = jax.vmap(lambda row, at, new: row.at[at].set(new, mode="drop"))(emitted.tokens, positions, block)
   n_generated = emitted.n_generated + count
   done = emitted.done | hit_eos | (n_generated >= max_new_tokens) | failed
   return Emitted(tokens=tokens, n_generated=n_generated, done=done, failed=emitted.failed | failed), count
@@ -180,12 +179,12 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w). A token tree
   (`positions` [B, n], `tree_mask` [B, n, n]) is cut to its first w nodes the same way.
 
-  A call's cost grows with its width (scoring 11 tokens costs ~2× one on CPU), so loops that score a
-  variable number of tokens per call pick the width at run time with `lax.switch` instead of always
-  paying for the maximum.
+  A call's cost grows with its width on the CPU (scoring 11 tokens costs ~2× one), so there loops that
+  score a variable number of tokens per call pick the width at run time with `lax.switch` instead of
+  always paying for the maximum; elsewhere (`narrow_calls`) every call takes the full width.
   """
   full = tokens.shape[1]
-  sizes = _sizes(widths, full)
+  sizes = _sizes(widths, full) if narrow_calls() else [full]
 
   def branch(width):
     def score(cache):
@@ -194,8 +193,17 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
       return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache, jnp.int32(width)
     return score
 
+  if len(sizes) == 1:
+    return branch(full)(cache)
   index = jnp.searchsorted(jnp.asarray(sizes), jnp.max(needed))
   return jax.lax.switch(index, [branch(w) for w in sizes], cache)
+
+
+def narrow_calls() -> bool:
+  """Whether `score_prefix` picks a call's width at run time: on the CPU, where a call's cost grows with
+  its width. Not on TPU/GPU, where a memory-bound call of 1 or γ+1 tokens costs about the same and XLA
+  copies the KV cache inside a `lax.switch` whose branches all update it."""
+  return jax.default_backend() == "cpu"
 
 
 def covering_width(needed: Array, widths: tuple[int, ...], full: int) -> Array:

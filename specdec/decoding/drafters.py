@@ -9,7 +9,11 @@ acceptance test decides what is emitted, so a new way to draft is a new `Drafter
   state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
 
 After `propose` the state holds `last` and the drafts (it may be rolled back to any length up to the old one
-+ max_drafts + 1). Drafters that can join a horizontal cascade also read tokens without drafting:
++ max_drafts + 1). A `ModelDrafter(…, bonus_q=False)` (for callers that do not need q after a row's last
+draft) leaves that draft out of its cache (`Draft.pending`: a γ+1-th call saved whenever a draft is
+rejected); the caller then completes the rows that commit it:
+
+  draft = drafter.catch_up(draft, rows [B], sampling)   # only when draft.pending is not None Drafters that can join a horizontal cascade also read tokens without drafting:
 
   state = drafter.observe(state, tokens [B, W], counts [B])  # consume tokens[b, :counts[b]] (not `last`)
 
@@ -36,13 +40,16 @@ Array = jax.Array
 class Draft:
   """A block of drafts [B, γ] with the drafter's distributions at the γ+1 positions [B, γ+1, V] (q at
   the bonus position γ is what cascade targets T(q, p) need there), the number of drafts each row made
-  [B], the drafter calls each row needed [B], and the drafter's state after drafting."""
+  [B], the drafter calls each row needed [B], and the drafter's state after drafting. `pending` [B] (None:
+  no row): rows whose last draft the state does not hold yet and whose q after it is not computed
+  (`ModelDrafter.catch_up`)."""
   tokens: Array
   q: Array
   q_raw: Array
   n_drafted: Array
   calls: Array
   state: Any
+  pending: Array | None = None
 
 
 class Drafter(Protocol):
@@ -87,10 +94,14 @@ class ModelDrafter:
   probability that some draft of the block is rejected, 1 − Π_i P̂(x_i accepted), exceeds
   `stop_threshold` h (at least one draft, at most max_drafts; SpecDec++ Alg. 1). Only how many drafts
   are made changes: the verification is the usual exact one.
+
+  `bonus_q` False: a row that drafts all max_drafts tokens makes max_drafts calls, not max_drafts + 1; its
+  last draft stays `pending` until `catch_up` (for targets that do not read q at the bonus position).
   """
   model: Model
   head: Any = None
   stop_threshold: Array | float = 1.0
+  bonus_q: bool = struct.field(pytree_node=False, default=True)
 
   @property
   def variable_length(self) -> bool:
@@ -121,13 +132,17 @@ class ModelDrafter:
   def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
               keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
     """Scores `last` then each new draft, up to `max_drafts` drafts. A row that stops (keep_drafting
-    False, BiLD's fallback) drafts no more, and the loop ends when every row has stopped, so at batch size
-    1 no call is wasted. A row makes n_drafted + 1 calls: the last one scores its final draft."""
+    False, BiLD's fallback; the head) drafts no more, and the loop ends when every row has stopped, so at
+    batch size 1 no call is wasted. A row makes n_drafted + 1 calls, the last one scoring its final draft
+    (q after it, and the decision to stop); with `bonus_q` False a row that drafts all `max_drafts` makes
+    max_drafts calls and leaves its last draft `pending` (`catch_up`), since only a full acceptance
+    commits it."""
     batch, vocab = last.shape[0], self.model.vocab_size
     keys = jax.random.split(key, max_drafts + 1)
+    last_step = max_drafts if self.bonus_q else max_drafts - 1
 
     def cond(c: _DraftCarry) -> Array:
-      return (c.step <= max_drafts) & jnp.any(c.drafting)
+      return (c.step <= last_step) & jnp.any(c.drafting)
 
     def body(c: _DraftCarry) -> _DraftCarry:
       all_accepted = c.all_accepted
@@ -159,8 +174,28 @@ class ModelDrafter:
                         drafting=jnp.ones((batch,), bool), n_drafted=jnp.zeros((batch,), jnp.int32),
                         all_accepted=jnp.ones((batch,), jnp.float32))
     end = jax.lax.while_loop(cond, body, start)
-    return Draft(tokens=end.tokens, q=end.q, q_raw=end.q_raw, n_drafted=end.n_drafted, calls=end.n_drafted + 1,
-                 state=end.cache)
+    if self.bonus_q:
+      return Draft(tokens=end.tokens, q=end.q, q_raw=end.q_raw, n_drafted=end.n_drafted,
+                   calls=end.n_drafted + 1, state=end.cache)
+    # Rows still drafting when the loop ended drafted max_drafts tokens without a call on the last one.
+    return Draft(tokens=end.tokens, q=end.q, q_raw=end.q_raw, n_drafted=end.n_drafted,
+                 calls=end.n_drafted + 1 - end.drafting, state=end.cache, pending=end.drafting)
+
+  def catch_up(self, draft: Draft, rows: Array, sampling: sampling_lib.Sampling) -> Draft:
+    """Completes the `pending` rows of a draft among `rows` [B] (those that accepted every draft): one call
+    scores their last draft, which puts it in the cache and gives q after it, at the bonus position. No
+    call when no such row exists; a row is charged only when it needed the call."""
+    rows = rows & draft.pending
+
+    def score(draft: Draft) -> Draft:
+      logits, cache = self.model.score(draft.state, draft.tokens[:, -1:])
+      q_raw, q = sampling.distributions(logits[:, 0])
+      put = rows[:, None]
+      return draft.replace(q=draft.q.at[:, -1].set(jnp.where(put, q, draft.q[:, -1])),
+                           q_raw=draft.q_raw.at[:, -1].set(jnp.where(put, q_raw, draft.q_raw[:, -1])),
+                           calls=draft.calls + rows, state=cache)
+
+    return jax.lax.cond(jnp.any(rows), score, lambda draft: draft, draft).replace(pending=None)
 
 
 def as_drafter(drafter: Model | Drafter) -> Drafter:

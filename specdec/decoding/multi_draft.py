@@ -70,7 +70,9 @@ class IIDDrafts:
   def propose(self, key: Array, state: Cache, last: Array, *, gamma: int,
               sampling: sampling_lib.Sampling) -> DraftSet:
     """K drafts of γ tokens after `last` [B]: γ+1 calls over [B·K] rows (the last one scores d_γ, so the
-    cache covers a fully accepted draft)."""
+    cache covers a fully accepted draft). Unlike `speculative`, the call on d_γ is made in every block: a
+    call after selection, only where a whole draft was kept, put a `lax.cond` around the [B·K] cache
+    update, and XLA copied the cache in its branches."""
     drafted = ModelDrafter(self.model).propose(key, state, self._expand(last), max_drafts=gamma,
                                                sampling=sampling)
     batch, k = last.shape[0], self.num_drafts

@@ -1,10 +1,12 @@
 """Speculative decoding with any target rule (Alg. 4/5 of the speculative-cascades paper) and the
 original BiLD (Kim et al.; cascades paper App. F.5), which shares its draft / verify / commit structure.
 
-One block: the drafter proposes γ drafts (`drafters.Drafter.propose`; a model makes γ+1 calls, the last
-giving q at the bonus position, which cascade targets T(q, p) need); the verifier scores
+One block: the drafter proposes γ drafts (`drafters.Drafter.propose`); the verifier scores
 [last, d_1 … d_γ] in ONE call; `verify.verify_block` accepts a prefix; the drafter and the verifier's
-cache roll back to the committed length (a length reset). A drafter marked `variable_length` drafts
+cache roll back to the committed length (a length reset). A model drafter makes γ calls, and a γ+1-th,
+scoring d_γ, only where it is needed: before verification for the targets that read q at the bonus
+position (cascade and token rules, T(q_γ, p_γ)); after it, and only for the rows that accepted every
+draft, for the rest (SpecDecode, Lossy, BiLD draw the bonus token from p): a rejected draft costs no call. A drafter marked `variable_length` drafts
 0 … γ tokens per row (`Draft.n_drafted`); the verifier then scores only the longest row's block.
 """
 
@@ -17,7 +19,7 @@ from flax import struct
 from specdec import sampling as sampling_lib
 from specdec import targets, verify
 from specdec.decoding import common
-from specdec.decoding.drafters import Draft, Drafter
+from specdec.decoding.drafters import Draft, Drafter, ModelDrafter
 from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
@@ -65,6 +67,26 @@ def commit(state: PairState, key: Array, drafter: Drafter, drafted: Draft, verif
                                     deferred=deferred)
 
 
+# Targets whose bonus-position π does not read q there: SpecDecode's π = p, the lossy rules' bonus from p.
+_BONUS_FROM_P = ("spec", "lossy", "lossy_tuned")
+
+
+def _deferring_last_call(drafter: Drafter, needs_bonus_q: bool) -> Drafter:
+  """A model drafter that saves the call on its last draft (`ModelDrafter.bonus_q`) where q is not needed
+  at the bonus position; any other drafter as it is (a cascade or Max-Gram emits q there at no call)."""
+  if isinstance(drafter, ModelDrafter) and not needs_bonus_q:
+    return drafter.replace(bonus_q=False)
+  return drafter
+
+
+def _complete(drafter: Drafter, drafted: Draft, n_accepted: Array, done: Array,
+              sampling: sampling_lib.Sampling) -> Draft:
+  """`drafted` with its pending last drafts scored for the live rows that accepted every draft."""
+  if drafted.pending is None:
+    return drafted
+  return drafter.catch_up(drafted, (n_accepted == drafted.n_drafted) & ~done, sampling)
+
+
 def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, rule: str, alpha, gamma: int, max_new_tokens: int,
                 eos_id: int | None, cache_length: int) -> common.Output:
@@ -74,6 +96,8 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
   from p as in Tran-Thien (docs/design.md). `deferred` counts emitted positions where a deferral rule's
   δ_j = 1, or, for any other rule, π_j ≠ q_j.
   """
+  drafter = _deferring_last_call(drafter, needs_bonus_q=rule not in _BONUS_FROM_P)
+
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, key_draft, key_verify = jax.random.split(state.key, 3)
     drafted = drafter.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling)
@@ -93,6 +117,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
       pi = jnp.where((jnp.arange(gamma + 1) >= drafted.n_drafted[:, None])[..., None], p, pi)
     n_accepted, next_token = verify.verify_block(key_verify, drafted.tokens, drafted.q[:, :gamma], pi,
                                                  drafted.n_drafted)
+    drafted = _complete(drafter, drafted, n_accepted, done, sampling)
     if rule in targets.CASCADE_RULES:  # δ itself: at T = 0 a deferral to an agreeing p leaves π = q
       deferred = targets.deferral(rule, q_raw=drafted.q_raw, p_raw=p_raw, q=drafted.q, p=p, alpha=alpha)
     else:  # the verifier moved mass: π ≠ q beyond float noise (lossy_tuned's β* is a bisection)
@@ -121,6 +146,8 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
   position gets a token from S(p_j) — deterministic rollback instead of rejection sampling. If the whole
   window passes, the next token is the verifier's (the fallback token) from S(p) at the window's end.
   """
+  drafter = _deferring_last_call(drafter, needs_bonus_q=False)   # the next token is always drawn from p
+
   def confident(q_raw_j):
     return jnp.max(q_raw_j, axis=-1) >= 1.0 - fallback_alpha
 
@@ -139,6 +166,7 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
         index < drafted.n_drafted[:, None])
     n_accepted = jnp.sum(jnp.cumprod(passes, axis=-1), axis=-1).astype(jnp.int32)
     next_token = sampling_lib.sample(key_next, p[jnp.arange(p.shape[0]), n_accepted])
+    drafted = _complete(drafter, drafted, n_accepted, done, sampling)
     deferred = jnp.arange(gamma + 1) == n_accepted[:, None]
     failed = common.has_nan(jnp.where((jnp.arange(gamma + 1) <= drafted.n_drafted[:, None])[..., None],
                                       logits, 0.0)) | common.has_nan(drafted.q)

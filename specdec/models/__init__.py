@@ -32,6 +32,7 @@ Parameters at T5's vocab_size 32128 (untied input and output embeddings, 2·V·E
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -52,15 +53,36 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 512) -> TransformerLM | T5:
+def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 512, dtype: Any = jnp.float32
+          ) -> TransformerLM | T5:
   """A randomly initialised model of a preset (a `T5` for "t5_…" presets); load trained parameters with
-  `with_params` (T5 checkpoints: `specdec.training.convert`)."""
+  `with_params` (T5 checkpoints: `specdec.training.convert`). `dtype`: see `with_dtype`."""
   if preset in t5.PRESETS:
-    return t5.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
-  if preset not in PRESETS:
+    model = t5.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  elif preset in PRESETS:
+    model = init(TransformerConfig(vocab_size=vocab_size, max_len=max_length, **PRESETS[preset]),
+                 jax.random.PRNGKey(seed))
+  else:
     raise ValueError(f"unknown model preset {preset!r}; known presets: {', '.join([*PRESETS, *t5.PRESETS])}")
-  config = TransformerConfig(vocab_size=vocab_size, max_len=max_length, **PRESETS[preset])
-  return init(config, jax.random.PRNGKey(seed))
+  return with_dtype(model, dtype)
+
+
+def cast_params(params: Any, dtype: Any) -> Any:
+  """Floating-point parameters cast to `dtype` (e.g. bfloat16 for export); other leaves unchanged."""
+  return jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+
+
+def with_dtype(model: Any, dtype: Any) -> Any:
+  """`model` computing in `dtype`: its weights stored, its activations and KV caches held in `dtype`
+  (bfloat16 halves what a memory-bound accelerator reads per decode step); norms, softmaxes and the
+  logits stay float32, and so does all sampling math downstream. float32 is the default everywhere."""
+  dtype = jnp.dtype(dtype)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f"dtype must be a floating-point type (float32, bfloat16); got {dtype}")
+  if dtype == model.config.dtype:
+    return model
+  return model.replace(params=cast_params(model.params, dtype),
+                       config=dataclasses.replace(model.config, dtype=dtype))
 
 
 def count_params(model: Any) -> int:
@@ -94,5 +116,5 @@ def with_params(model: Any, params: Any) -> Any:
   return model.replace(params=jax.tree_util.tree_unflatten(treedef, leaves))
 
 
-__all__ = ["PRESETS", "T5", "T5Config", "TransformerConfig", "TransformerLM", "base", "build", "count_params", "t5",
-           "with_params"]
+__all__ = ["PRESETS", "T5", "T5Config", "TransformerConfig", "TransformerLM", "base", "build", "cast_params",
+           "count_params", "t5", "with_dtype", "with_params"]

@@ -39,8 +39,39 @@ Array = jax.Array
 @struct.dataclass
 class Cache:
   """Per-model decoding state: the network's key/value arrays and the number of valid entries per row."""
-  kv: Any           # network-specific pytree, e.g. keys/values [layers, B, cache_length, heads, head_dim]
+  kv: Any           # network-specific pytree, e.g. keys/values: one [B, heads, cache_length, head_dim] per layer
   lengths: Array    # [B] int32: entries [0, lengths[b]) of row b are valid
+
+
+def causal(batch_size: int, n: int) -> Array:
+  """The causal mask of n tokens among themselves, [B, n, n]: token i sees j ≤ i."""
+  return jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (batch_size, n, n))
+
+
+def visible_slots(lengths: Array, n: int, cache_length: int, tree_mask: Array | None = None) -> Array:
+  """Which cache slots each of n new tokens sees once they are written at slots lengths[b] + j: [B, n, C].
+
+  Token i of row b sees the committed slots s < lengths[b] and the new token j = s − lengths[b] where
+  tree_mask[b, i, j] (default causal: j ≤ i); never a slot at or beyond lengths[b] + n (stale entries).
+  A model that writes its new keys into the cache before attending over it reads its mask from here.
+  """
+  offset = jnp.arange(cache_length, dtype=jnp.int32)[None, None, :] - lengths[:, None, None]     # [B, 1, C]
+  if tree_mask is None:
+    return offset <= jnp.arange(n, dtype=jnp.int32)[None, :, None]
+  b = lengths.shape[0]
+  index = jnp.broadcast_to(jnp.clip(offset, 0, n - 1), (b, n, cache_length))
+  new = jnp.take_along_axis(jnp.broadcast_to(tree_mask, (b, n, n)), index, axis=2)
+  return (offset < 0) | ((offset < n) & new)
+
+
+def write_slots(cache: Array, new: Array, slots: Array) -> Array:
+  """cache [B, H, C, D] with row b's new entries new[b] [n, H, D] written at slots[b] [n] (dropped beyond C).
+
+  One row at a time under `vmap`: a scatter whose rows are a batch dimension, which the SPMD partitioner
+  keeps on each row's device (a scatter indexed by row ids gathers every row's updates onto every device)."""
+  def write_row(row: Array, entries: Array, row_slots: Array) -> Array:
+    return row.at[:, row_slots].set(entries.transpose(1, 0, 2).astype(row.dtype), mode="drop")
+  return jax.vmap(write_row)(cache, new, slots)
 
 
 def rollback(cache: Cache, lengths: Array) -> Cache:

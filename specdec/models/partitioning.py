@@ -126,6 +126,30 @@ def place(x: Any, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def mesh_of(tree: Any) -> Mesh | None:
+  """The mesh that a pytree's arrays are laid out on (`shard_model`, `shard_batch`), or None when none is
+  on a mesh of more than one device."""
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+      return sharding.mesh
+  return None
+
+
+def gather_vocab(logits: Any) -> Any:
+  """Logits [..., V] whole along the vocabulary on every device, their other axes as the partitioner likes.
+
+  Under a mesh (`jax.sharding.use_abstract_mesh`, as `decoding.generate` traces sharded models) the output
+  projection leaves the logits split over 'model'; S(·), the targets, the acceptance test and sampling all
+  reduce over V, and each such reduction would otherwise gather or all-reduce them again. Gathering them
+  once per model call makes the sampling math local. Without a mesh (or a 'model' axis of 1): `logits`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or MODEL not in mesh.axis_names or mesh.shape[MODEL] == 1:
+    return logits
+  return jax.lax.with_sharding_constraint(logits, PartitionSpec(*[PartitionSpec.UNCONSTRAINED] * (logits.ndim - 1),
+                                                                None))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   """A whole copy on every device of `mesh`."""
   return NamedSharding(mesh, PartitionSpec())

@@ -27,8 +27,10 @@ Decoding (`base.Model`): the prompt is the ENCODER input. `prefill` encodes it o
 the encoder mask), stores every decoder layer's cross-attention keys/values in the cache, and returns
 T5's decoder start token 0 as the pending token with decoder lengths 0. From there `score` and `rollback`
 work as for the decoder-only model: n decoder tokens at per-row positions lengths[b] + i, the cache a
-pytree argument, a rollback a length reset. Decoder positions equal cache slots, so the causal relative
-position of a cached key is (query position − slot).
+pytree argument, a rollback a length reset; each decoder layer writes its new keys/values into its cache
+array first and attends over the array (no cache-sized copy per call). Committed decoder positions equal
+cache slots, so the causal relative position of a cached key is (slot − query position); a token tree's
+new keys take their own position ids.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import numpy as np
 from flax import linen as nn
 from flax import struct
 
-from specdec.models import base
+from specdec.models import base, partitioning
 
 Array = jax.Array
 
@@ -69,7 +71,7 @@ class T5Config:
   num_buckets: int = 32
   max_distance: int = 128
   max_len: int = 512          # the largest decoder cache (positions); the encoder input has no limit
-  dtype: Any = jnp.float32    # activations and cache; parameters, norms, softmax and logits stay float32
+  dtype: Any = jnp.float32    # weights (`models.with_dtype`), activations, cache; norms, softmax, logits: float32
 
 
 # T5 v1.1 sizes (HF's google/t5-v1_1-*), plus three small ones for tests and the CPU (t5_25m: the
@@ -145,13 +147,13 @@ class RelativePositionBias(nn.Module):
     return jnp.moveaxis(table.T[buckets], -1, 1)
 
 
-# A block of keys an attention call reads: keys, values [B, K, H, D], logit bias [B|1, H, n, K] or None,
-# and visible [B, 1, n|1, K] (which keys each query may attend to).
-KeyBlock = tuple[Array, Array, Array | None, Array]
+def _head_major(x: Array) -> Array:
+  """[B, K, H, D] -> [B, H, K, D], the layout attention reads keys and values in (and the caches keep)."""
+  return x.transpose(0, 2, 1, 3)
 
 
 class Attention(nn.Module):
-  """Multi-head attention over one or more blocks of keys (cached ones, new ones, the encoder's)."""
+  """Multi-head attention over one block of keys (a decoder cache, the new tokens, the encoder's)."""
   config: T5Config
 
   def setup(self):
@@ -171,22 +173,18 @@ class Attention(nn.Module):
     """x [B, K, E] -> keys, values [B, K, H, D]."""
     return self._heads(self.key(x)), self._heads(self.value(x))
 
-  def __call__(self, x: Array, blocks: list[KeyBlock]) -> Array:
-    """Queries from x [B, n, E] attend to all blocks under one softmax; returns [B, n, E]."""
+  def __call__(self, x: Array, keys: Array, values: Array, bias: Array | None, visible: Array) -> Array:
+    """Queries from x [B, n, E] attend to keys, values [B, H, K, D] with logit bias [B|1, H, n, K] (or None)
+    where visible [B, 1, n|1, K]; returns [B, n, E]."""
     query = self._heads(self.query(x))
-    scores = []
-    for keys, _, bias, visible in blocks:
-      block = jnp.einsum("bqhd,bkhd->bhqk", query, keys).astype(jnp.float32)
-      if bias is not None:
-        block = block + bias
-      # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
-      scores.append(jnp.where(visible, block, jnp.finfo(jnp.float32).min))
-    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(self.config.dtype)
-    # One product per block instead of concatenating values: no copy of the cache per layer.
-    out, start = 0.0, 0
-    for _, values, _, _ in blocks:
-      out = out + jnp.einsum("bhqk,bkhd->bqhd", weights[..., start:start + values.shape[1]], values)
-      start += values.shape[1]
+    # The keys as the left operand: the product reads a cache in its stored layout.
+    scores = jnp.einsum("bhkd,bqhd->bhqk", keys, query).astype(jnp.float32)
+    if bias is not None:
+      scores = scores + bias
+    # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
+    scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    out = jnp.einsum("bhqk,bhkd->bqhd", weights, values)
     return self.out(out.reshape(*out.shape[:-2], -1))
 
 
@@ -212,7 +210,7 @@ class EncoderLayer(nn.Module):
     attention = Attention(cfg, name="attention")
     h = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
     keys, values = attention.keys_values(h)
-    x = x + attention(h, [(keys, values, bias, visible)])
+    x = x + attention(h, _head_major(keys), _head_major(values), bias, visible)
     return x + GatedMlp(cfg, name="mlp")(LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x))
 
 
@@ -244,18 +242,25 @@ class DecoderLayer(nn.Module):
     self.mlp = GatedMlp(cfg)
 
   def cross_keys_values(self, encoded: Array) -> tuple[Array, Array]:
-    """The encoder output's keys, values [B, L, H, D] for this layer's cross-attention."""
-    return self.encoder_decoder_attention.keys_values(encoded)
+    """The encoder output's keys, values [B, H, L, D] for this layer's cross-attention."""
+    keys, values = self.encoder_decoder_attention.keys_values(encoded)
+    return _head_major(keys), _head_major(values)
 
-  def __call__(self, y: Array, cached: KeyBlock | None, new: tuple[Array, Array], cross: KeyBlock
-               ) -> tuple[Array, Array, Array]:
-    """y [B, n, E]; cached: this layer's cache block or None; new: (bias [B, H, n, n], visible
-    [B, 1, n, n]) among the new tokens; cross: the encoder's block. Returns y and the new tokens' keys,
-    values [B, n, H, D]."""
+  def __call__(self, y: Array, bias: Array, visible: Array, cached: tuple[Array, Array, Array] | None,
+               cross: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+    """y [B, n, E]; bias [B, H, n, K] and visible [B, 1, n, K]: the self-attention's keys (K = n without a
+    cache, C with one); cached: this layer's keys, values [B, H, C, D] and the new tokens' slots [B, n], or
+    None; cross: the encoder's keys, values [B, H, L, D] and visible [B, 1, 1, L]. Returns y and the
+    self-attention's keys, values (the updated cache, or the new tokens' own [B, H, n, D])."""
     h = self.pre_self_attention_layer_norm(y)
-    keys, values = self.self_attention.keys_values(h)
-    y = y + self.self_attention(h, ([] if cached is None else [cached]) + [(keys, values, *new)])
-    y = y + self.encoder_decoder_attention(self.pre_cross_attention_layer_norm(y), [cross])
+    keys, values = self.self_attention.keys_values(h)                      # [B, n, H, D]
+    if cached is None:
+      keys, values = _head_major(keys), _head_major(values)
+    else:
+      cache_keys, cache_values, slots = cached
+      keys, values = base.write_slots(cache_keys, keys, slots), base.write_slots(cache_values, values, slots)
+    y = y + self.self_attention(h, keys, values, bias, visible)
+    y = y + self.encoder_decoder_attention(self.pre_cross_attention_layer_norm(y), *cross[:2], None, cross[2])
     return y + self.mlp(self.pre_mlp_layer_norm(y)), keys, values
 
 
@@ -269,40 +274,35 @@ class Decoder(nn.Module):
     self.decoder_norm = LayerNorm(cfg.dtype)
     self.logits_dense = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, kernel_init=_DENSE_INIT)
 
-  def cross_keys_values(self, encoded: Array) -> tuple[Array, Array]:
-    """encoded [B, L, E] -> every layer's cross-attention keys, values [layers, B, L, H, D]."""
+  def cross_keys_values(self, encoded: Array) -> tuple[list[Array], list[Array]]:
+    """encoded [B, L, E] -> every layer's cross-attention keys, values, one [B, H, L, D] per layer."""
     keys, values = zip(*(layer.cross_keys_values(encoded) for layer in self.layers))
-    return jnp.stack(keys), jnp.stack(values)
+    return list(keys), list(values)
 
-  def __call__(self, y: Array, positions: Array, new_mask: Array, cache: tuple[Array, Array, Array] | None,
-               cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array], Array]:
+  def __call__(self, y: Array, positions: Array, key_positions: Array, mask: Array,
+               cache: tuple[list[Array], list[Array], Array] | None,
+               cross: tuple[list[Array], list[Array], Array]) -> tuple[Array, tuple[list, list] | None, Array]:
     """Logits of embedded tokens y [B, n, E] at decoder positions [B, n].
 
-    new_mask [B, n, n]: which new tokens each new token attends to (itself included). cache: keys, values
-    [layers, B, C, H, D] and lengths [B], or None; row b's slots < lengths[b] are visible to its new
-    tokens. cross: keys, values [layers, B, L, H, D] and encoder_mask [B, L]. Returns logits [B, n, V]
-    (float32), the new tokens' keys, values [layers, B, n, H, D] and the last hidden states [B, n, E]
-    (after the final norm).
+    Without a cache, the keys are the new tokens: key_positions = positions and mask [B, n, n]. With
+    cache = (keys, values: one [B, H, C, D] per layer, slots [B, n]) each layer writes the new keys/values
+    at slots and attends over its cache: key_positions [B, C] are the slots' position ids, mask [B, n, C]
+    (`base.visible_slots`). cross: keys, values (one [B, H, L, D] per layer) and encoder_mask [B, L].
+    Returns logits [B, n, V] (float32), the updated (keys, values) lists (None without a cache) and the last
+    hidden states [B, n, E] (after the final norm).
     """
-    new = (self.relpos_bias(positions[:, None, :] - positions[:, :, None]), new_mask[:, None])
-    if cache is not None:
-      keys, values, lengths = cache
-      slots = jnp.arange(keys.shape[2])
-      cached_bias = self.relpos_bias(slots[None, None, :] - positions[:, :, None])        # [B, H, n, C]
-      visible = (slots[None, :] < lengths[:, None])[:, None, None, :]                     # [B, 1, 1, C]
+    bias = self.relpos_bias(key_positions[:, None, :] - positions[:, :, None])       # [B, H, n, K]
     cross_keys, cross_values, encoder_mask = cross
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
-      cached = None if cache is None else (keys[i], values[i], cached_bias, visible)
-      y, key, value = layer(y, cached, new, (cross_keys[i], cross_values[i], None, encoder_mask[:, None, None, :]))
-      new_keys.append(key)
-      new_values.append(value)
+      cached = None if cache is None else (cache[0][i], cache[1][i], cache[2])
+      y, keys, values = layer(y, bias, mask[:, None], cached,
+                              (cross_keys[i], cross_values[i], encoder_mask[:, None, None, :]))
+      new_keys.append(keys)
+      new_values.append(values)
     hidden = self.decoder_norm(y)
-    return self.logits_dense(hidden.astype(jnp.float32)), (jnp.stack(new_keys), jnp.stack(new_values)), hidden
-
-
-def _causal(batch_size: int, n: int) -> Array:
-  return jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (batch_size, n, n))
+    return (self.logits_dense(hidden.astype(jnp.float32)), None if cache is None else (new_keys, new_values),
+            hidden)
 
 
 class T5Network(nn.Module):
@@ -315,22 +315,25 @@ class T5Network(nn.Module):
     self.encoder = Encoder(cfg)
     self.decoder = Decoder(cfg)
 
-  def encode(self, encoder_tokens: Array, encoder_mask: Array) -> tuple[Array, Array]:
-    """encoder_tokens, encoder_mask [B, L] -> cross-attention keys, values [layers, B, L, H, D]."""
+  def encode(self, encoder_tokens: Array, encoder_mask: Array) -> tuple[list[Array], list[Array]]:
+    """encoder_tokens, encoder_mask [B, L] -> cross-attention keys, values (one [B, H, L, D] per layer)."""
     encoded = self.encoder(self.token_embedder(encoder_tokens).astype(self.config.dtype), encoder_mask)
     return self.decoder.cross_keys_values(encoded)
 
-  def decode(self, tokens: Array, positions: Array, new_mask: Array, cache: tuple[Array, Array, Array] | None,
-             cross: tuple[Array, Array, Array]) -> tuple[Array, tuple[Array, Array], Array]:
+  def decode(self, tokens: Array, positions: Array, key_positions: Array, mask: Array,
+             cache: tuple[list[Array], list[Array], Array] | None, cross: tuple[list[Array], list[Array], Array]
+             ) -> tuple[Array, tuple[list, list] | None, Array]:
     """`Decoder.__call__` on the embedded decoder tokens [B, n]."""
-    return self.decoder(self.token_embedder(tokens).astype(self.config.dtype), positions, new_mask, cache, cross)
+    return self.decoder(self.token_embedder(tokens).astype(self.config.dtype), positions, key_positions, mask,
+                        cache, cross)
 
   def __call__(self, encoder_tokens: Array, encoder_mask: Array, decoder_tokens: Array) -> Array:
     """Teacher forcing: logits [B, n, V] of decoder_tokens [B, n] at positions 0 … n−1."""
     keys, values = self.encode(encoder_tokens, encoder_mask)
     b, n = decoder_tokens.shape
     positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-    logits, _, _ = self.decode(decoder_tokens, positions, _causal(b, n), None, (keys, values, encoder_mask))
+    logits, _, _ = self.decode(decoder_tokens, positions, positions, base.causal(b, n), None,
+                               (keys, values, encoder_mask))
     return logits
 
 
@@ -339,8 +342,8 @@ class T5:
   """A `T5Network` bound to its parameters; implements `base.Model` with the prompt as encoder input.
 
   A pytree: `params` are leaves (a jitted loop takes them as arguments), the config is static. The cache
-  (`init_cache`, then `prefill`) holds kv = {keys, values [layers, B, C, H, D] (decoder self-attention),
-  cross_keys, cross_values [layers, B, L_enc, H, D], encoder_mask [B, L_enc]}.
+  (`init_cache`, then `prefill`) holds kv = {keys, values (decoder self-attention, one [B, H, C, D] per
+  layer), cross_keys, cross_values (one [B, H, L_enc, D] per layer), encoder_mask [B, L_enc]}.
   """
   params: Any
   config: T5Config = struct.field(pytree_node=False)
@@ -375,10 +378,11 @@ class T5:
     cfg = self.config
     if not 1 <= cache_length <= cfg.max_len:
       raise ValueError(f"cache_length must lie in [1, max_length={cfg.max_len}]; got {cache_length}")
-    zeros = jnp.zeros((cfg.num_decoder_layers, batch_size, cache_length, cfg.num_heads, cfg.head_dim), cfg.dtype)
-    no_input = jnp.zeros((cfg.num_decoder_layers, batch_size, 0, cfg.num_heads, cfg.head_dim), cfg.dtype)
-    kv = {"keys": zeros, "values": zeros, "cross_keys": no_input, "cross_values": no_input,
-          "encoder_mask": jnp.zeros((batch_size, 0), bool)}
+    def per_layer(length: int) -> list[Array]:
+      return [jnp.zeros((batch_size, cfg.num_heads, length, cfg.head_dim), cfg.dtype)
+              for _ in range(cfg.num_decoder_layers)]
+    kv = {"keys": per_layer(cache_length), "values": per_layer(cache_length), "cross_keys": per_layer(0),
+          "cross_values": per_layer(0), "encoder_mask": jnp.zeros((batch_size, 0), bool)}
     return base.Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
 
   def prefill(self, cache: base.Cache, prompts: Array, prompt_lengths: Array) -> tuple[Array, base.Cache]:
@@ -390,8 +394,9 @@ class T5:
     mask = _encoder_mask(prompts, prompt_lengths)
     cross_keys, cross_values = T5Network(self.config).apply({"params": self.params}, prompts, mask,
                                                             method=T5Network.encode)
-    kv = {**cache.kv, "cross_keys": cross_keys.astype(self.config.dtype),
-          "cross_values": cross_values.astype(self.config.dtype), "encoder_mask": mask}
+    dtype = self.config.dtype
+    kv = {**cache.kv, "cross_keys": [k.astype(dtype) for k in cross_keys],
+          "cross_values": [v.astype(dtype) for v in cross_values], "encoder_mask": mask}
     batch = prompts.shape[0]
     return (jnp.full((batch,), DECODER_START_TOKEN, jnp.int32),
             base.Cache(kv=kv, lengths=jnp.zeros((batch,), jnp.int32)))
@@ -409,19 +414,20 @@ class T5:
     """
     b, n = tokens.shape
     kv = cache.kv
-    keys, values = kv["keys"], kv["values"]
-    if n > keys.shape[2]:
-      raise ValueError(f"cannot score {n} tokens with a cache of length {keys.shape[2]}")
+    cache_length = kv["keys"][0].shape[2]
+    if n > cache_length:
+      raise ValueError(f"cannot score {n} tokens with a cache of length {cache_length}")
     slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)          # [B, n]
     positions = slots if positions is None else positions
-    new_mask = _causal(b, n) if tree_mask is None else jnp.broadcast_to(tree_mask, (b, n, n))
-    logits, (new_keys, new_values), hidden = T5Network(self.config).apply(
-        {"params": self.params}, tokens, positions, new_mask, (keys, values, cache.lengths),
+    # Each slot's position id: its index, or the position of the new token written there.
+    key_positions = jnp.broadcast_to(jnp.arange(cache_length, dtype=jnp.int32), (b, cache_length)).at[
+        jnp.arange(b)[:, None], slots].set(positions, mode="drop")
+    logits, (keys, values), hidden = T5Network(self.config).apply(
+        {"params": self.params}, tokens, positions, key_positions,
+        base.visible_slots(cache.lengths, n, cache_length, tree_mask), (kv["keys"], kv["values"], slots),
         (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]), method=T5Network.decode)
-    rows = jnp.arange(b)[:, None]
-    keys = keys.at[:, rows, slots].set(new_keys.astype(keys.dtype), mode="drop")
-    values = values.at[:, rows, slots].set(new_values.astype(values.dtype), mode="drop")
     cache = base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + n)
+    logits = partitioning.gather_vocab(logits)
     return (logits, cache, hidden) if return_hidden else (logits, cache)
 
   def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array
@@ -429,8 +435,8 @@ class T5:
     """As `TransformerLM.copy_slots`, on the decoder's self-attention keys/values (the encoder's part is
     per row, not per slot: multi-draft loops copy only between rows of one prompt)."""
     rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
-    kv = {**cache.kv, **{name: cache.kv[name].at[:, rows, target_slots].set(
-        cache.kv[name][:, source_rows, source_slots], mode="drop") for name in ("keys", "values")}}
+    kv = {**cache.kv, **{name: [x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop")
+                                for x in cache.kv[name]] for name in ("keys", "values")}}
     return cache.replace(kv=kv)
 
 

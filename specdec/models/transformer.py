@@ -7,9 +7,11 @@ pre-LayerNorm blocks (LN → causal self-attention → residual; LN → MLP → 
 
 Unlike lm1b, the cache is not flax's mutable 'cache' collection with one index shared by the batch: it is
 a pytree argument with one length per row (`base.Cache`), so rows can accept different numbers of drafts.
-Attention splits its keys in two: the cached ones (visible when slot < lengths[b]) and the n new ones
-(visible as `tree_mask` says; causal by default). The new keys/values are written to the cache after the
-forward pass, so a call never reads what it writes.
+Each layer writes its new keys/values into its own cache array first and then attends over that array
+(`base.visible_slots` says which slots each new token sees: the row's committed slots, and the new tokens as
+`tree_mask` says, causal by default). Nothing reads the cache before the write, so XLA updates it in
+place: no cache-sized copy per call, as there is when the new entries are attended apart and written
+after the forward pass.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from flax import linen as nn
 from flax import struct
 
-from specdec.models import base
+from specdec.models import base, partitioning
 
 Array = jax.Array
 
@@ -45,7 +47,7 @@ class TransformerConfig:
   mlp_dim: int = 2048
   max_len: int = 512          # the largest cache length (positions) a model accepts
   activation: str = "relu"    # lm1b's; or "gelu"
-  dtype: Any = jnp.float32    # activations and cache; parameters, softmax and logits stay float32
+  dtype: Any = jnp.float32    # weights (`models.with_dtype`), activations, cache; norms, softmax, logits: float32
 
   def __post_init__(self):
     if self.qkv_dim % self.num_heads:
@@ -74,39 +76,34 @@ def sinusoidal_embedding(positions: Array, features: int) -> Array:
 
 
 class SelfAttention(nn.Module):
-  """Multi-head attention of n new tokens over themselves and, when given, a row's cached keys."""
+  """Multi-head attention of n new tokens, over themselves or over a row's cache after writing them to it."""
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x: Array, new_mask: Array, cached: tuple[Array, Array, Array] | None
-               ) -> tuple[Array, Array, Array]:
-    """x [B, n, E]; new_mask [B, n, n]: query i sees new key j; cached: keys, values [B, H, C, D] and
-    visible [B, C], or None. Returns out [B, n, E] and the new tokens' keys, values [B, n, H, D]."""
+  def __call__(self, x: Array, mask: Array, cached: tuple[Array, Array, Array] | None
+               ) -> tuple[Array, Array | None, Array | None]:
+    """x [B, n, E]. Without a cache, mask [B, n, n]: query i sees new key j. With cached = (keys, values
+    [B, H, C, D], slots [B, n]), the new keys/values are written at slots (dropped beyond C) and mask
+    [B, n, C] says which slots each query sees. Returns out [B, n, E] and the updated keys, values."""
     cfg = self.config
     project = functools.partial(nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), use_bias=False,
                                 kernel_init=_KERNEL_INIT, dtype=cfg.dtype)
     query = project(name="query")(x) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
-    key, value = project(name="key")(x), project(name="value")(x)
-
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key)                      # [B, H, n, n]
-    mask = new_mask[:, None]
-    if cached is not None:
-      cached_keys, cached_values, visible = cached
-      scores = jnp.concatenate([jnp.einsum("bqhd,bhkd->bhqk", query, cached_keys), scores], axis=-1)
-      b, n, c = x.shape[0], x.shape[1], cached_keys.shape[2]
-      mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, None, :], (b, 1, n, c)), mask], axis=-1)
-    # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
-    scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+    key, value = project(name="key")(x), project(name="value")(x)              # [B, n, H, D]
     if cached is None:
-      out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+      keys, values = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)    # [B, H, n, D]
     else:
-      # Two products instead of concatenating values: no copy of the cache per layer.
-      out = (jnp.einsum("bhqk,bhkd->bqhd", weights[..., :c], cached_values)
-             + jnp.einsum("bhqk,bkhd->bqhd", weights[..., c:], value))
+      keys, values, slots = cached
+      keys, values = base.write_slots(keys, key, slots), base.write_slots(values, value, slots)
+    # The cache as the left operand: the product reads it in its stored layout.
+    scores = jnp.einsum("bhkd,bqhd->bhqk", keys, query)                        # [B, H, n, C]
+    # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
+    scores = jnp.where(mask[:, None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    out = jnp.einsum("bhqk,bhkd->bqhd", weights, values)
     out = nn.DenseGeneral(features=cfg.emb_dim, axis=(-2, -1), use_bias=False, kernel_init=_KERNEL_INIT,
                           dtype=cfg.dtype, name="out")(out)
-    return out, key, value
+    return (out, None, None) if cached is None else (out, keys, values)
 
 
 class Mlp(nn.Module):
@@ -125,13 +122,13 @@ class DecoderBlock(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x: Array, new_mask: Array, cached: tuple[Array, Array, Array] | None
-               ) -> tuple[Array, Array, Array]:
+  def __call__(self, x: Array, mask: Array, cached: tuple[Array, Array, Array] | None
+               ) -> tuple[Array, Array | None, Array | None]:
     cfg = self.config
-    attended, key, value = SelfAttention(cfg, name="attention")(
-        nn.LayerNorm(dtype=cfg.dtype, name="ln_attention")(x), new_mask, cached)
+    attended, keys, values = SelfAttention(cfg, name="attention")(
+        nn.LayerNorm(dtype=cfg.dtype, name="ln_attention")(x), mask, cached)
     x = x + attended
-    return x + Mlp(cfg, name="mlp")(nn.LayerNorm(dtype=cfg.dtype, name="ln_mlp")(x)), key, value
+    return x + Mlp(cfg, name="mlp")(nn.LayerNorm(dtype=cfg.dtype, name="ln_mlp")(x)), keys, values
 
 
 class Transformer(nn.Module):
@@ -139,36 +136,30 @@ class Transformer(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, tokens: Array, positions: Array, new_mask: Array,
-               cache: tuple[Array, Array, Array] | None = None) -> tuple[Array, tuple[Array, Array], Array]:
+  def __call__(self, tokens: Array, positions: Array, mask: Array,
+               cache: tuple[list[Array], list[Array], Array] | None = None
+               ) -> tuple[Array, tuple[list[Array], list[Array]] | None, Array]:
     """Logits of tokens [B, n] at position ids [B, n].
 
-    new_mask [B, n, n]: which new tokens each new token attends to (itself included). cache: keys,
-    values [layers, B, H, C, D] and lengths [B]; row b's slots < lengths[b] are visible to all its
-    new tokens. Returns logits [B, n, V] (float32), the new tokens' keys, values
-    [layers, B, n, H, D] (the caller writes them to the cache) and the last hidden states [B, n, E]
-    (after the final LayerNorm: what the output projection reads).
+    Without a cache, mask [B, n, n]: which tokens each token attends to (itself included). With cache =
+    (keys, values: one [B, H, C, D] array per layer, slots [B, n]), each layer writes the tokens' keys,
+    values at slots and attends over its cache as mask [B, n, C] says (`base.visible_slots`). Returns logits
+    [B, n, V] (float32), the updated (keys, values) lists (None without a cache) and the last hidden
+    states [B, n, E] (after the final LayerNorm: what the output projection reads).
     """
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=nn.initializers.normal(stddev=1.0), name="embed")
     y = (embed(tokens) + sinusoidal_embedding(positions, cfg.emb_dim)).astype(cfg.dtype)
-    if cache is not None:
-      keys, values, lengths = cache
-      visible = jnp.arange(keys.shape[3])[None, :] < lengths[:, None]        # [B, C]
     new_keys, new_values = [], []
     for layer in range(cfg.num_layers):
-      cached = None if cache is None else (keys[layer], values[layer], visible)
-      y, key, value = DecoderBlock(cfg, name=f"block_{layer}")(y, new_mask, cached)
-      new_keys.append(key)
-      new_values.append(value)
+      cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2])
+      y, layer_keys, layer_values = DecoderBlock(cfg, name=f"block_{layer}")(y, mask, cached)
+      new_keys.append(layer_keys)
+      new_values.append(layer_values)
     y = nn.LayerNorm(dtype=cfg.dtype, name="final_norm")(y)
     # lm1b's normalisation of logits through the shared embedding.
     logits = embed.attend(y.astype(jnp.float32)) / np.sqrt(cfg.emb_dim)
-    return logits, (jnp.stack(new_keys), jnp.stack(new_values)), y
-
-
-def _causal(batch_size: int, n: int) -> Array:
-  return jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (batch_size, n, n))
+    return logits, None if cache is None else (new_keys, new_values), y
 
 
 @struct.dataclass
@@ -194,20 +185,21 @@ class TransformerLM:
     b, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
     logits, _, hidden = Transformer(self.config).apply({"params": self.params}, tokens, positions,
-                                                       _causal(b, length))
+                                                       base.causal(b, length))
     return (logits, hidden) if return_hidden else logits
 
   def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
-    """An empty cache: keys, values [layers, B, heads, cache_length, head_dim], lengths [B] = 0.
+    """An empty cache: keys, values (one [B, heads, cache_length, head_dim] array per layer), lengths [B] = 0.
 
-    Head-major, so attention reads each head's keys contiguously: with [.., C, H, D] XLA:CPU transposed the
-    whole cache in every layer of every call (a decode step of the 15m at 300 cached slots took 1.7× the
-    step at 32 slots)."""
+    One array per layer, so a layer's attention reads and updates its own buffer (a stacked
+    [layers, …] array is sliced per layer, a copy on XLA:CPU). Head-major, so attention reads each head's
+    keys contiguously: with [.., C, H, D] XLA:CPU transposed the whole cache in every layer of every call."""
     cfg = self.config
     if not 1 <= cache_length <= cfg.max_len:
       raise ValueError(f"cache_length must lie in [1, max_length={cfg.max_len}]; got {cache_length}")
-    zeros = jnp.zeros((cfg.num_layers, batch_size, cfg.num_heads, cache_length, cfg.head_dim), cfg.dtype)
-    return base.Cache(kv={"keys": zeros, "values": zeros}, lengths=jnp.zeros((batch_size,), jnp.int32))
+    shape = (batch_size, cfg.num_heads, cache_length, cfg.head_dim)
+    kv = {name: [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.num_layers)] for name in ("keys", "values")}
+    return base.Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
             tree_mask: Array | None = None, return_hidden: bool = False
@@ -218,23 +210,20 @@ class TransformerLM:
     new tokens j with tree_mask[b, i, j] (default causal: j ≤ i; a tree mask must include i itself).
     positions [B, n] are the position ids (default lengths[b] + i; a token tree gives siblings the
     same id). lengths advance by n. The caller keeps lengths + n ≤ cache_length: slots beyond are
-    dropped (this call's logits stay right, later calls would not see those tokens). With
-    `return_hidden` also returns the last hidden states [B, n, E] (SpecDec++'s acceptance head reads them).
+    dropped (no token sees them, in this call or later). With `return_hidden` also returns the last
+    hidden states [B, n, E] (SpecDec++'s acceptance head reads them).
     """
     b, n = tokens.shape
-    keys, values = cache.kv["keys"], cache.kv["values"]
-    if n > keys.shape[3]:
-      raise ValueError(f"cannot score {n} tokens with a cache of length {keys.shape[3]}")
+    cache_length = cache.kv["keys"][0].shape[2]
+    if n > cache_length:
+      raise ValueError(f"cannot score {n} tokens with a cache of length {cache_length}")
     slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)          # [B, n]
     positions = slots if positions is None else positions
-    new_mask = _causal(b, n) if tree_mask is None else jnp.broadcast_to(tree_mask, (b, n, n))
-    logits, (new_keys, new_values), hidden = Transformer(self.config).apply(
-        {"params": self.params}, tokens, positions, new_mask, (keys, values, cache.lengths))
-    rows = jnp.arange(b)[:, None]
-    # keys[:, rows, :, slots] is [B, n, layers, H, D] (numpy puts the broadcast index dimensions first).
-    keys = keys.at[:, rows, :, slots].set(new_keys.transpose(1, 2, 0, 3, 4).astype(keys.dtype), mode="drop")
-    values = values.at[:, rows, :, slots].set(new_values.transpose(1, 2, 0, 3, 4).astype(values.dtype), mode="drop")
+    mask = base.visible_slots(cache.lengths, n, cache_length, tree_mask)
+    logits, (keys, values), hidden = Transformer(self.config).apply(
+        {"params": self.params}, tokens, positions, mask, (cache.kv["keys"], cache.kv["values"], slots))
     cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
+    logits = partitioning.gather_vocab(logits)
     return (logits, cache, hidden) if return_hidden else (logits, cache)
 
   def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array
@@ -242,9 +231,9 @@ class TransformerLM:
     """Row b's keys/values at target_slots[b] [B, n] become row source_rows[b]'s at source_slots[b] (all read
     before any is written); lengths unchanged. Multi-draft loops keep one path of a scored token tree."""
     rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
-    # x[:, rows, :, slots] is [B, n, layers, H, D], as in `score`.
-    kv = {name: x.at[:, rows, :, target_slots].set(x[:, source_rows, :, source_slots], mode="drop")
-          for name, x in cache.kv.items()}
+    # x[rows, :, slots] is [B, n, H, D], as in `SelfAttention`.
+    kv = jax.tree.map(lambda x: x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop"),
+                      cache.kv)
     return cache.replace(kv=kv)
 
 

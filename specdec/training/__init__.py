@@ -17,7 +17,8 @@ from specdec.training.checkpoint import (CheckpointError, Checkpointer, Restored
                                          model_spec, restore_latest, save_params)
 from specdec.training import distill
 from specdec.training.convert import load_hf_t5, load_t5x, save_hf_t5
-from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovChain, TrainState, cast_params,
+from specdec.models import cast_params
+from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovChain, TrainState,
                                     distill_eval_step, distill_step, eval_step, evaluate, learning_rate_schedule,
                                     make_optimizer, markov_batches, train_and_evaluate, train_step)
 

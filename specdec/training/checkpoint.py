@@ -187,9 +187,10 @@ def export_name(path: str) -> str:
   return os.path.basename(os.path.dirname(path)) if name == "export" else name
 
 
-def load_model(path: str) -> Model:
+def load_model(path: str, *, dtype: Any = None) -> Model:
   """The model `save_params` exported to `path`, parameters checked by `models.with_params` and held in
-  the config's float32 (bfloat16 exports load exactly). Raises CheckpointError on any problem."""
+  the config's float32 (bfloat16 exports load exactly), or computing in `dtype` (`models.with_dtype`:
+  e.g. bfloat16 weights and caches). Raises CheckpointError on any problem."""
   path = _location(path)
   try:
     spec = json.loads(epath.Path(path, _MODEL_JSON).read_text())
@@ -209,6 +210,7 @@ def load_model(path: str) -> Model:
   except Exception as e:
     raise _unreadable(f"exported model {path}", e) from e
   try:
-    return models.with_params(abstract, params)
+    model = models.with_params(abstract, params)
   except ValueError as e:
     raise CheckpointError(f"exported model {path}: {e}") from e
+  return model if dtype is None else models.with_dtype(model, dtype)

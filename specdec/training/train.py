@@ -127,11 +127,6 @@ def _make_optimizer(total_steps: int, name: str, learning_rate: float, warmup_st
   raise ValueError(f"optimizer name must be 'adamw' or 'adafactor'; got {name!r}")
 
 
-def cast_params(params: Any, dtype: Any) -> Any:
-  """Floating-point parameters cast to `dtype` (e.g. bfloat16 for export); training keeps float32."""
-  return jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
-
-
 def _logits(model: Any, params: Any, batch: Batch) -> Array:
   """Teacher-forced logits [B, L, V] of a batch's 'inputs', given its encoder input if it has one."""
   model = model.replace(params=params)

@@ -1,0 +1,85 @@
+"""The compiled decode programs, read from their optimized HLO (what an accelerator would run): no copy or
+transpose of a cache-sized buffer inside `generate`, for decoder-only and encoder-decoder pairs."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding, models
+from specdec.decoding import common
+
+V = 64
+BATCH, PROMPT, NEW = 2, 8, 40
+# An instruction's result type and the op: `%copy.3 = f32[2,2,57,16]{3,2,1,0} copy(%x)`.
+_MOVE = re.compile(r"= \w+\[([\d,]*)\]\S* (copy|transpose)\((.*)")
+
+
+def cache_sized_moves(hlo: str, min_elements: int) -> list[str]:
+  """The copy/transpose instructions of at least `min_elements` elements in optimized HLO text, but for
+  the entry computation's copies of a broadcast: those materialise an initial value (the zeros of a new
+  cache, one buffer per layer), they move no data."""
+  moves, computation = [], ""
+  for line in hlo.splitlines():
+    if line and not line.startswith(" "):
+      computation = line
+    match = _MOVE.search(line)
+    if not match or np.prod([int(d) for d in match.group(1).split(",") if d]) < min_elements:
+      continue
+    if computation.startswith("ENTRY") and match.group(2) == "copy" and "broadcast" in match.group(3):
+      continue
+    moves.append(line.strip())
+  return moves
+
+
+def _pair(preset):
+  return (models.build(preset, vocab_size=V, seed=1, max_length=128),
+          models.build(preset, vocab_size=V, seed=2, max_length=128))
+
+
+def _per_layer_cache_elements(model, cache_length):
+  cfg = model.config
+  return BATCH * cfg.num_heads * cache_length * cfg.head_dim
+
+
+@pytest.mark.parametrize("preset", ["tiny", "t5_tiny"])
+@pytest.mark.parametrize("method,params,temperature", [
+    ("autoregressive", {}, 1.0), ("speculative", dict(gamma=3), 0.0), ("speculative", dict(gamma=3), 1.0),
+    ("speculative", dict(gamma=3, rule="token_v3", alpha=0.3), 1.0)])
+def test_compiled_generate_copies_no_cache_sized_buffer(preset, method, params, temperature):
+  drafter, verifier = _pair(preset)
+  prompts = jnp.ones((BATCH, PROMPT), jnp.int32)
+  lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, prompts, method=method, max_new_tokens=NEW,
+                           temperature=temperature, eos_id=None, **params)
+  hlo = lowered.compile().as_text()
+  # The smallest cache buffer: one layer's keys over the shortest cache the run could use.
+  smallest = _per_layer_cache_elements(verifier, NEW)
+  assert "while" in hlo  # the decode loop is in the program read
+  assert cache_sized_moves(hlo, smallest) == []
+
+
+@pytest.mark.parametrize("method,params", [("bild", dict(gamma=3)), ("token_cascade", dict(alpha=0.3)),
+                                           ("spectr", dict(gamma=2, num_drafts=2))])
+def test_methods_with_variable_width_calls_copy_no_cache_on_the_accelerator_path(method, params, monkeypatch):
+  """On TPU/GPU every verifier call takes the full width (`common.narrow_calls`): no `lax.switch` over calls
+  that update the cache, whose branches XLA would give copies of it (as it does on the CPU path)."""
+  monkeypatch.setattr(common, "narrow_calls", lambda: False)
+  drafter, verifier = _pair("tiny")
+  lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, jnp.ones((BATCH, PROMPT), jnp.int32),
+                           method=method, max_new_tokens=NEW, temperature=1.0, eos_id=None, **params)
+  assert cache_sized_moves(lowered.compile().as_text(), _per_layer_cache_elements(verifier, NEW)) == []
+
+
+def test_the_check_sees_a_cache_copied_per_call():
+  """The detector itself: scoring from a cache and keeping the old cache alive forces XLA to copy it."""
+  model = models.build("tiny", vocab_size=V, seed=1)
+  cache = model.init_cache(BATCH, 64)
+
+  def keep_both(cache, tokens):
+    _, new = model.score(cache, tokens)
+    return cache.kv, new.kv
+
+  hlo = jax.jit(keep_both).lower(cache, jnp.ones((BATCH, 3), jnp.int32)).compile().as_text()
+  assert cache_sized_moves(hlo, _per_layer_cache_elements(model, 64))
