@@ -34,6 +34,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_TOKENS, GAMMA = 64, 5
 
 
+def _compiled_generate(*args, **kwargs):
+  """The compiled program `decoding.generate(*args, **kwargs)` runs, for the `specdec` on PYTHONPATH: its
+  jitted kernel's arguments are captured from one call, so a revision without `decoding.lower` is read the
+  same way."""
+  from specdec import decoding
+
+  kernel, captured = decoding._generate, {}
+
+  def capture(*a, **k):
+    captured.update(args=a, kwargs=k)
+    return kernel(*a, **k)
+  decoding._generate = capture
+  try:
+    decoding.generate(*args, **kwargs)
+  finally:
+    decoding._generate = kernel
+  return kernel.lower(*captured["args"], **captured["kwargs"]).compile()
+
+
 def _measure(models_dir: str, repeats: int) -> dict:
   """One process's figures for the `specdec` on PYTHONPATH."""
   import jax
@@ -45,20 +64,7 @@ def _measure(models_dir: str, repeats: int) -> dict:
   from specdec.training import load_model
 
   def program_memory(*args, **kwargs) -> int:
-    """Temp bytes of the program `generate` compiles for these arguments (its jitted kernel's arguments are
-    captured from one call, so any revision's `generate` can be read the same way)."""
-    captured = {}
-    kernel = decoding._generate
-
-    def capture(*a, **k):
-      captured.update(args=a, kwargs=k)
-      return kernel(*a, **k)
-    decoding._generate = capture
-    try:
-      decoding.generate(*args, **kwargs)
-    finally:
-      decoding._generate = kernel
-    return int(kernel.lower(*captured["args"], **captured["kwargs"]).compile().memory_analysis().temp_size_in_bytes)
+    return int(_compiled_generate(*args, **kwargs).memory_analysis().temp_size_in_bytes)
 
   def case(drafter, verifier, batch: int, prompt_width: int) -> dict:
     rng = np.random.default_rng(0)
@@ -102,24 +108,14 @@ def _mesh_collectives() -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from specdec import decoding, models
+  from specdec import models
   from specdec.models import partitioning
 
   mesh = partitioning.make_mesh(4, 2)
   pair = [partitioning.shard_model(models.build("tiny", vocab_size=64, seed=s, max_length=64), mesh) for s in (1, 2)]
   prompts = partitioning.shard_batch(jnp.asarray(np.random.default_rng(0).integers(2, 64, (12, 10)), jnp.int32), mesh)
-  kernel, captured = decoding._generate, {}   # its arguments captured from one call, as in `_measure`
-
-  def capture(*a, **k):
-    captured.update(args=a, kwargs=k)
-    return kernel(*a, **k)
-  decoding._generate = capture
-  try:
-    decoding.generate(jax.random.PRNGKey(0), *pair, prompts, method="speculative", gamma=3, temperature=1.0,
-                      max_new_tokens=12, eos_id=None)
-  finally:
-    decoding._generate = kernel
-  hlo = kernel.lower(*captured["args"], **captured["kwargs"]).compile().as_text()
+  hlo = _compiled_generate(jax.random.PRNGKey(0), *pair, prompts, method="speculative", gamma=3, temperature=1.0,
+                           max_new_tokens=12, eos_id=None).as_text()
   computations, name = {}, None
   for line in hlo.splitlines():
     if line and not line.startswith(" ") and "{" in line:

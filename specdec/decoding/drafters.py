@@ -13,7 +13,9 @@ After `propose` the state holds `last` and the drafts (it may be rolled back to 
 draft) leaves that draft out of its cache (`Draft.pending`: a γ+1-th call saved whenever a draft is
 rejected); the caller then completes the rows that commit it:
 
-  draft = drafter.catch_up(draft, rows [B], sampling)   # only when draft.pending is not None Drafters that can join a horizontal cascade also read tokens without drafting:
+  draft = drafter.catch_up(draft, rows [B], sampling)   # only when draft.pending is not None
+
+Drafters that can join a horizontal cascade also read tokens without drafting:
 
   state = drafter.observe(state, tokens [B, W], counts [B])  # consume tokens[b, :counts[b]] (not `last`)
 

@@ -6,8 +6,9 @@ One block: the drafter proposes γ drafts (`drafters.Drafter.propose`); the veri
 cache roll back to the committed length (a length reset). A model drafter makes γ calls, and a γ+1-th,
 scoring d_γ, only where it is needed: before verification for the targets that read q at the bonus
 position (cascade and token rules, T(q_γ, p_γ)); after it, and only for the rows that accepted every
-draft, for the rest (SpecDecode, Lossy, BiLD draw the bonus token from p): a rejected draft costs no call. A drafter marked `variable_length` drafts
-0 … γ tokens per row (`Draft.n_drafted`); the verifier then scores only the longest row's block.
+draft, for the rest (SpecDecode, Lossy, BiLD draw the bonus token from p): a rejected draft costs no call.
+A drafter marked `variable_length` drafts 0 … γ tokens per row (`Draft.n_drafted`); the verifier then
+scores only the longest row's block.
 """
 
 from __future__ import annotations
