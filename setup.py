@@ -1,6 +1,20 @@
 """specdec: speculative decoding and speculative cascades in JAX/Flax."""
 
+import os
+
 from setuptools import find_packages, setup
+
+
+def _shipped_files(*folders: str) -> list[tuple[str, list[str]]]:
+  """data/ and configs/ under <prefix>/share/specdec/, where `specdec.data.shipped` finds them after a
+  non-editable install."""
+  files = []
+  for folder in folders:
+    for directory, _, names in sorted(os.walk(folder)):
+      if names:
+        files.append((os.path.join("share", "specdec", directory), sorted(os.path.join(directory, n) for n in names)))
+  return files
+
 
 setup(
     name="specdec",
@@ -8,6 +22,9 @@ setup(
     description="Speculative decoding, speculative cascades, SpecTr, CS Drafting and SpecDec++ in JAX",
     packages=find_packages(include=["specdec", "specdec.*"]),
     python_requires=">=3.10",
+    data_files=_shipped_files("data", "configs"),
+    entry_points={"console_scripts": [
+        f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train")]},
     install_requires=[
         "etils[epath]>=1.5",  # local and gs:// paths for checkpoints and exports
         "flax>=0.10",

@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from specdec import decoding
+from specdec import cli, decoding
 from specdec.data import load_vocabulary, tasks
 from specdec.evaluation import metrics
 from specdec.models import T5
@@ -101,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.run(lambda argv: main(), sys.argv[1:], "scripts/evaluate_pair.py"))

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
+import sys
 from pathlib import Path
 
+from specdec import cli
 from specdec.data import debian
 
 SAMPLE_LIMITS = {  # records per split; train sizes keep data/debian/ at a few MB
@@ -133,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.run(lambda argv: main(), sys.argv[1:], "scripts/make_debian_sample.py"))

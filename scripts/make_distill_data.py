@@ -11,7 +11,9 @@ examples are written as they finish; a rerun skips them. Train a drafter on the 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from specdec import cli
 from specdec.data import load_vocabulary
 from specdec.training import distill, load_model
 
@@ -38,4 +40,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.run(lambda argv: main(), sys.argv[1:], "scripts/make_distill_data.py"))

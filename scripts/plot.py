@@ -1,33 +1,7 @@
-"""Pareto plots and Table 2 from a sweep's results (JSON lines written by scripts/sweep.py).
+"""Pareto plots and tables of a sweep's results: `specdec-plot` (specdec/cli/plot.py; `--help` for its options), here as the
+script the recorded commands run."""
 
-  python scripts/plot.py --results=outputs/table2_synopsis/results.jsonl [--out_dir=DIR]
-
-Writes pareto.png (quality vs latency relative to the large model, Figure 4 style), rejection.png
-(quality vs rejection rate, Figure 3 style) and table.md (Table 2) to DIR, by default the results' folder;
-with multi-draft runs (spectr, specinfer) also multi_draft.md, SpecTr's Table 2 layout.
-"""
-
-from __future__ import annotations
-
-import argparse
-import os
-
-from specdec.evaluation import pareto
-
-
-def main(argv: list[str] | None = None) -> dict[str, str]:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--results", required=True, help="a results .jsonl file")
-  parser.add_argument("--out_dir", default=None, help="where to write the figures and table.md")
-  args = parser.parse_args(argv)
-  paths = pareto.report(args.results, args.out_dir or os.path.dirname(os.path.abspath(args.results)))
-  for table in ("table.md", "multi_draft.md"):
-    if table in paths:
-      with open(paths[table]) as f:
-        print(f.read())
-  print("wrote " + ", ".join(paths.values()))
-  return paths
-
+from specdec.cli.plot import console, main  # noqa: F401
 
 if __name__ == "__main__":
-  main()
+  console()

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
+from specdec import cli
 from specdec.evaluation import pareto, sweep
 
 DEFAULT_GIN = "configs/experiments/quickstart.gin"
@@ -37,4 +39,4 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.run(main, sys.argv[1:], "scripts/quickstart.py"))

@@ -1,43 +1,7 @@
-"""Runs a quality/latency sweep configured by gin files (t5x style) and appends one JSON line per point.
+"""Runs a quality/latency sweep: `specdec-sweep` (specdec/cli/sweep.py; `--help` for its options), here as the
+script the recorded commands run."""
 
-  python scripts/sweep.py --gin_file=configs/experiments/table2_synopsis.gin \
-      [--gin_bindings="Experiment.n_examples = 100"] [--gin_bindings="opt/Family.alphas = [0.2, 0.4]"]
-
-An experiment file includes a pair (configs/pairs/), a task (configs/tasks/) and a method list
-(configs/methods/), then overrides sizes and grids. The whole grid is validated before anything runs.
-Rerun the same command after an interruption: points already in `Experiment.output` are skipped. Then
-`python scripts/plot.py --results=<output>` draws the frontiers and writes Table 2.
-
-On a multi-host TPU slice every host runs the same command with --multihost (`jax.distributed`): the
-hosts split the grid, each appends to its own shard beside the output (results.host-IIII-of-NNN.jsonl),
-and the plots read the shards together.
-"""
-
-from __future__ import annotations
-
-import argparse
-
-import jax
-
-from specdec.evaluation import sweep
-
-
-def main(argv: list[str] | None = None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--gin_file", action="append", default=[], required=True,
-                      help="a gin file; repeatable, later ones win")
-  parser.add_argument("--gin_bindings", action="append", default=[],
-                      help="a gin binding such as \"Experiment.n_examples = 50\"; repeatable, applied last")
-  parser.add_argument("--multihost", action="store_true",
-                      help="jax.distributed.initialize() first (every host of a TPU slice runs this command)")
-  args = parser.parse_args(argv)
-  if args.multihost:
-    jax.distributed.initialize()
-  experiment = sweep.parse_gin(args.gin_file, args.gin_bindings)
-  records = sweep.run(experiment)
-  print(f"{len(records)} points in {experiment.output}")
-  return records
-
+from specdec.cli.sweep import console, main  # noqa: F401
 
 if __name__ == "__main__":
-  main()
+  console()

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 import time
 
 import gin
 import jax
 import numpy as np
 
-from specdec import sampling
+from specdec import cli, sampling
 from specdec.data import tasks
 from specdec.models.acceptance_head import HeadConfig
 from specdec.training import acceptance, load_model
@@ -81,4 +82,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.run(main, sys.argv[1:], "scripts/train_acceptance_head.py"))

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 import time
 from pathlib import Path
 
 import sentencepiece as spm
 
+from specdec import cli
 from specdec.data import debian, vocab
 
 SEED = 0  # SentencePiece samples sentences with it once the corpus outgrows input_sentence_size
@@ -131,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.run(lambda argv: main(), sys.argv[1:], "scripts/train_vocab.py"))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec import checks
+from specdec import checks, rng
 
 Array = jax.Array
 
@@ -392,7 +392,7 @@ def sample(key: Array, weights: Array) -> Array:
   total = cdf[..., -1]
   # u·total can round up to total: keep u strictly below it, so the first token whose cdf exceeds u (the
   # one drawn) exists and has positive weight (its cdf jumped past u).
-  u = jnp.minimum(jax.random.uniform(key, weights.shape[:-1]) * total, jnp.nextafter(total, 0.0))
+  u = jnp.minimum(rng.uniform(key, weights.shape[:-1]) * total, jnp.nextafter(total, 0.0))
   index = jnp.sum(cdf <= u[..., None], axis=-1)
   return jnp.minimum(index, weights.shape[-1] - 1).astype(jnp.int32)
 

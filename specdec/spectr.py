@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize, sparse
 
-from specdec import checks, sampling
+from specdec import checks, rng, sampling
 
 Array = jax.Array
 
@@ -99,12 +99,12 @@ def _select(key: Array, drafts: Array, q: Array, p: Array, active: Array) -> tup
   p = jnp.broadcast_to(p, lead + p.shape[-1:])
   k = jnp.sum(active, axis=-1)
   gamma = _gamma_star(q, p, k)
-  key_accept, key_residual = jax.random.split(key)
+  key_accept, key_residual = rng.split(key)
 
   q_x = jnp.take_along_axis(q, drafts, axis=-1)
   p_x = jnp.take_along_axis(p, drafts, axis=-1)
   # u < p/(γ·q)  <=>  u·γ·q < p: no division, as in verify.verify_block.
-  u = jax.random.uniform(key_accept, drafts.shape, dtype=gamma.dtype)
+  u = rng.uniform(key_accept, drafts.shape, dtype=gamma.dtype)
   accepted = active & (u * gamma[..., None] * q_x < p_x)
   any_accepted = jnp.any(accepted, axis=-1)
   # Drawing every u_i up front and keeping the first acceptance is Alg. 2's sequential loop.
@@ -271,7 +271,7 @@ def _draft_selection(key: Array, drafts: Array, q: Array, p: Array) -> tuple[Arr
   """The jitted Alg. 3 kernel behind `draft_selection` (no checks)."""
   batch, num_drafts, length = drafts.shape
   rows = jnp.arange(batch)
-  keys = jax.random.split(key, length + 1)
+  depth_keys = rng.split(key, length + 1)
 
   def depth_step(j, state):
     # A row is live at depth j while its first j selected tokens all came from drafts.
@@ -280,7 +280,7 @@ def _draft_selection(key: Array, drafts: Array, q: Array, p: Array) -> tuple[Arr
     # Active drafts share the selected prefix, so any one of them holds q and p at depth j.
     lead = jnp.argmax(active, axis=-1)
     tokens = drafts[:, :, j]
-    token, _ = _select(keys[j], tokens, q[rows, lead, j], p[rows, lead, j], active)
+    token, _ = _select(depth_keys[j], tokens, q[rows, lead, j], p[rows, lead, j], active)
     agree = active & (tokens == token[:, None])
     proceed = live & jnp.any(agree, axis=-1)
     return (jnp.where(proceed[:, None], agree, active),
@@ -290,7 +290,7 @@ def _draft_selection(key: Array, drafts: Array, q: Array, p: Array) -> tuple[Arr
   init = (jnp.ones((batch, num_drafts), bool), jnp.zeros(batch, jnp.int32), jnp.zeros(batch, jnp.int32))
   active, n_accepted, next_token = jax.lax.fori_loop(0, length, depth_step, init)
   draft_index = jnp.argmax(active, axis=-1).astype(jnp.int32)
-  bonus = sampling.sample(keys[length], p[rows, draft_index, length])
+  bonus = sampling.sample(depth_keys[length], p[rows, draft_index, length])
   next_token = jnp.where(n_accepted == length, bonus, next_token)
 
   bad = jnp.any(jnp.isnan(q), axis=(1, 2, 3)) | jnp.any(jnp.isnan(p), axis=(1, 2, 3))

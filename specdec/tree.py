@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import checks, sampling, verify
+from specdec import checks, rng, sampling, verify
 
 Array = jax.Array
 
@@ -181,14 +181,14 @@ def verify_tree(key: Array, drafts: Array, q: Array, p: Array,
 def _verify_tree(key: Array, drafts: Array, q: Array, p: Array,
                  draft_mask: Array) -> tuple[Array, Array, Array]:
   batch, n_drafts, gamma = drafts.shape
-  key_uniform, key_next = jax.random.split(key)
+  key_uniform, key_next = rng.split(key)
   rows = jnp.arange(batch)
 
   # One uniform draw (each random op adds a threefry kernel to compile) gives priorities [B, γ, K], a
   # random order of each node's rounds that ignores the tokens, and coins [B, K·γ], the rounds'
   # acceptance uniforms: a row plays at most K rounds at each of its γ inner nodes.
-  priority, coins = jax.random.uniform(key_uniform, (2, batch, gamma, n_drafts))
-  coins = coins.reshape(batch, gamma * n_drafts)
+  uniforms = rng.uniform(key_uniform, (batch, 2, gamma, n_drafts))
+  priority, coins = uniforms[:, 0], uniforms[:, 1].reshape(batch, gamma * n_drafts)
 
   def has_round(s: _Walk) -> Array:
     return (s.depth < gamma) & jnp.any(s.active & ~s.tried, axis=-1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specdec import checks, sampling
+from specdec import checks, rng, sampling
 
 Array = jax.Array
 
@@ -78,12 +78,12 @@ def verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array,
 def _verify_block(key: Array, draft_tokens: Array, q: Array, pi: Array, n_drafted: Array) -> tuple[Array, Array]:
   """The jitted kernel behind `verify_block` (no checks): eager calls compile once per shape."""
   batch, gamma = draft_tokens.shape
-  key_accept, key_resample = jax.random.split(key)
+  key_accept, key_resample = rng.split(key)
 
   q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
   pi_x = jnp.take_along_axis(pi[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
   # u < π/q  <=>  u·q < π: no division, and a draft with q(x) = π(x) = 0 is rejected.
-  u = jax.random.uniform(key_accept, (batch, gamma))
+  u = rng.uniform(key_accept, (batch, gamma))
   accepted = (u * q_x < pi_x) & (jnp.arange(gamma) < n_drafted[:, None])
   n_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=-1), axis=-1)
 

@@ -9,6 +9,7 @@ import pytest
 from flax import struct
 
 from specdec import decoding, models
+from specdec.models.acceptance_head import HeadConfig, init_head
 from tests.toy_models import PositionalTrigram
 
 V = 8
@@ -132,6 +133,37 @@ def test_batch_invariance_greedy(method, rule, pair):
       if method == "token_cascade" and name == "verifier_positions":
         continue   # a batched row also catches up in other rows' calls, uncharged: it needs fewer positions
       assert getattr(batched.stats, name)[b] == getattr(alone.stats, name)[0], (method, name)
+
+
+def _row_case(method):
+  drafter, verifier = _transformer_pair() if method == "specdec_pp" else _toy_pair()
+  if method == "specdec_pp":
+    head = init_head(HeadConfig(drafter.config.emb_dim, depth=1), jax.random.PRNGKey(3))
+    drafter = decoding.ModelDrafter(drafter, head=head)
+  kw = dict(method=method, temperature=1.0, max_new_tokens=N_NEW, eos_id=None,
+            **({"rule": "opt", "alpha": 0.3} if method in ("speculative", "oracle_cascade") else {}))
+  return lambda prompts, ids: decoding.generate(jax.random.PRNGKey(7), drafter, verifier, prompts, row_ids=ids, **kw)
+
+
+@pytest.mark.parametrize("method", sorted(decoding.METHODS))
+def test_a_rows_sample_depends_on_its_id_not_its_batch_position(method):
+  """T = 1: row b draws from fold_in(key, row_ids[b]) alone, for every method: rows swapped with their ids
+  give the same texts (prompts of one width, so no padding differs). Before per-row keys, the rows shared
+  one draw and a row's sample changed with its position."""
+  decode = _row_case(method)
+  prompts = jnp.asarray(np.random.default_rng(5).integers(0, V, size=(3, 5)), jnp.int32)
+  batched = decode(prompts, [4, 9, 2])
+  swapped = decode(prompts[jnp.array([1, 0, 2])], [9, 4, 2])
+  np.testing.assert_array_equal(swapped.tokens[jnp.array([1, 0, 2])], batched.tokens)
+  moved = decode(prompts, [9, 4, 2])   # the ids, not the rows, carry the draws
+  assert not np.array_equal(moved.tokens[:2], batched.tokens[:2])
+
+
+@pytest.mark.parametrize("method", ["speculative", "spectr"])
+def test_a_rows_sample_does_not_depend_on_the_batch_size(method):
+  decode = _row_case(method)
+  prompts = jnp.asarray(np.random.default_rng(6).integers(0, V, size=(3, 5)), jnp.int32)
+  np.testing.assert_array_equal(decode(prompts, [4, 9, 2]).tokens[1], decode(prompts[1:2], [9]).tokens[0])
 
 
 def test_sweep_compiles_once_per_method_rule_gamma():

@@ -4,6 +4,7 @@ import importlib.util
 import itertools
 import pathlib
 
+import matplotlib.colors
 import pytest
 
 from specdec.evaluation import pareto
@@ -123,6 +124,9 @@ def test_multi_draft_table_has_spectrs_layout():
   assert "| SpecDecode | 4 | 2.00 · 1.00× · 2.5 | — | — |" in table
   assert "| SpecTr | 4 | 2.00 · 1.00× · 2.5 | 2.20 · 1.10× · 4.1 | 2.50 · 1.25× · 6.8 |" in table
   assert "| SpecInfer | 4 | 2.00 · 1.00× · 2.5 | — | 2.40 · 1.20× · 7.1 |" in table
+  assert table.rstrip().endswith("\n\n—: as a whole cell, no run of the method at that L and K; as the latency, "
+                                 "no SpecDecode run at that L to compare with; as the positions, a run recorded "
+                                 "before that counter existed.")
   assert pareto.multi_draft_markdown([_large(20.0), run("SpecDecode", "speculative", None, 4, 2.0, 0.8)]) == ""
 
 
@@ -157,3 +161,67 @@ def test_figure_3_has_a_panel_per_gamma_and_methods_keep_their_style_across_figu
 def test_report_on_a_missing_file_says_so(tmp_path):
   with pytest.raises(FileNotFoundError, match="no such file"):
     pareto.report(tmp_path / "nothing.jsonl", tmp_path)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+  """The figures the plots draw, kept open for the test (closed after it)."""
+  drawn, close = [], pareto.plt.close
+  monkeypatch.setattr(pareto.plt, "close", drawn.append)
+  yield drawn
+  for figure in drawn:
+    close(figure)
+
+
+def _figure_4(records, tmp_path, figures):
+  pareto.plot_latency(records, tmp_path / "pareto.png")
+  (figure,) = figures
+  return figure
+
+
+def test_legends_name_gamma_even_where_a_panel_holds_one_value(tmp_path, figures):
+  # γ = 3 at T = 1 and γ = 5 at T = 0: each panel has one value, the figure two
+  records = [_large(20.0), _record("SpecDecode", 21.0, 0.8, rule="spec", alpha=None, gamma=3),
+             _large(22.0, temperature=0.0), _record("SpecDecode", 22.0, 0.7, rule="spec", alpha=None, gamma=5,
+                                                    temperature=0.0)]
+  figure = _figure_4(records, tmp_path, figures)
+  names = [text.get_text() for ax in figure.axes if ax.get_visible() for text in ax.get_legend().get_texts()
+           if text.get_text().startswith("SpecDecode")]
+  assert names == ["SpecDecode [γ=3]", "SpecDecode [γ=5]"]
+
+
+def test_alpha_labels_of_nearby_points_do_not_overlap(tmp_path, figures):
+  alphas = [0.1 * i for i in range(1, 10)]
+  records = [_large(20.0), *[_record("A", 18.0 + 0.05 * i, 0.5 + 0.005 * i, alpha=a) for i, a in enumerate(alphas)]]
+  figure = _figure_4(records, tmp_path, figures)
+  figure.canvas.draw()
+  (ax,) = [ax for ax in figure.axes if ax.get_visible()]
+  boxes = [text.get_window_extent() for text in ax.texts if text.get_visible()]
+  assert len(boxes) >= 2
+  assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+
+
+def test_coinciding_series_stay_visible(tmp_path, figures):
+  # at T = 0 greedy SpecDecode and its lossy variant measure the same point: the one below must show around
+  records = [_large(20.0, temperature=0.0),
+             _record("SpecDecode", 21.0, 0.7, rule="spec", alpha=None, temperature=0.0),
+             _record("SpecDecode [Lossy]", 21.0, 0.7, temperature=0.0),
+             _record("SpecCascade [Chow]", 19.0, 0.4, rule="chow", temperature=0.0)]
+  figure = _figure_4(records, tmp_path, figures)
+  (ax,) = [ax for ax in figure.axes if ax.get_visible()]
+  spec, lossy = ax.lines[:2]   # in drawing order
+  assert (spec.get_label(), lossy.get_label()) == ("SpecDecode", "SpecDecode [Lossy]")
+  # SpecDecode's marker is covered: a wider one of its colour rings it, under SpecDecode [Lossy]'s
+  (ring,) = [c for c in ax.collections if [tuple(xy) for xy in c.get_offsets()] == [(0.7, 21.0)]]
+  assert matplotlib.colors.same_color(ring.get_facecolor(), spec.get_color())
+  assert ring.get_sizes()[0] > lossy.get_markersize() ** 2 and ring.get_zorder() < lossy.get_zorder()
+
+
+def test_tables_explain_their_dashes():
+  records = [_large(20.0), _record("A", 19.0, 0.5), _record("B", 21.0, 1.2, rule="opt")]
+  table = pareto.table2_markdown(records)
+  assert "| A | — |" in table and "| B | 0.83× (α=0.1, latency 1.20) | — |" in table
+  assert table.rstrip().endswith("\n\n—: in the speed-up column, no measured point reaches the large model's "
+                                 "quality; in the best BLEU column, every measured point is slower than the large "
+                                 "model.")
+  assert "—:" not in pareto.table2_markdown([_large(20.0), _record("A", 21.0, 0.5)])

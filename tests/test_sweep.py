@@ -121,11 +121,12 @@ def test_killed_sweep_resumes_without_losing_or_duplicating(complete, tmp_path, 
   assert _outcomes(stored) == _outcomes(complete[1])
 
 
-def test_truncated_last_line_is_dropped_and_its_point_rerun(complete, tmp_path):
+def test_truncated_last_line_is_dropped_and_its_point_rerun(complete, tmp_path, capsys):
   output = tmp_path / "results.jsonl"
   lines = _lines(complete[0])
   output.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:len(lines[-1]) // 2])
   assert [r["hash"] for r in sweep.read_results(output)] == [json.loads(line)["hash"] for line in lines[:-1]]
+  assert f"results.jsonl:{len(lines)} left out" in capsys.readouterr().err   # the plots say so too
   sweep.run(_smoke(output), progress=False)
   stored = [json.loads(line) for line in _lines(output)]
   assert len(stored) == SMOKE_POINTS
@@ -143,17 +144,35 @@ def test_a_damaged_or_foreign_line_before_the_last_raises_naming_it(complete, tm
     sweep.read_results(output)
 
 
-def test_resume_is_announced_and_refused_across_commits_unless_asked(complete, tmp_path, capsys):
+def test_resume_is_announced_and_refused_across_code_versions_unless_asked(complete, tmp_path, capsys):
   output = tmp_path / "results.jsonl"
   lines = [json.loads(line) for line in _lines(complete[0])]
   for record in lines:
-    record["git_commit"] = "0123abc"
+    record["code"] = "0123abc"
   output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-2]))
-  with pytest.raises(ValueError, match="recorded on commit 0123abc .*allow_mixed_runs"):
+  with pytest.raises(ValueError, match="recorded with code 0123abc .*allow_mixed_runs"):
     sweep.run(_smoke(output), progress=True)
   sweep.run(_smoke(output, "Experiment.allow_mixed_runs = True"), progress=True)
   assert f"resuming: {SMOKE_POINTS - 2} of {SMOKE_POINTS} points already done" in capsys.readouterr().err
   assert len(_lines(output)) == SMOKE_POINTS
+
+
+def test_resume_is_keyed_on_the_package_code_not_the_commit(complete, tmp_path):
+  """An edit to a gin file, a doc or a test makes the tree dirty (another git_commit) but leaves the
+  `specdec` code, and so the measurement, unchanged: the run resumes. Records from before the code digest
+  still resume on their own commit only."""
+  output = tmp_path / "results.jsonl"
+  lines = [json.loads(line) for line in _lines(complete[0])]
+  assert lines[0]["code"] == sweep.code_digest()
+  for record in lines:
+    record["git_commit"] = "0123abc-dirty"
+  output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-1]))
+  assert len(sweep.run(_smoke(output), progress=False)) == SMOKE_POINTS
+  for record in lines:
+    del record["code"]
+  output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-1]))
+  with pytest.raises(ValueError, match="recorded with commit 0123abc-dirty"):
+    sweep.run(_smoke(output), progress=False)
 
 
 def test_hosts_split_the_grid_into_shards_that_merge_into_the_single_host_run(complete, tmp_path, monkeypatch):

@@ -208,3 +208,16 @@ def test_prompt_batch_formats_texts_as_the_task_and_buckets_the_width():
     tasks.prompt_batch("just one string")
   with pytest.raises(ValueError, match="encode to no tokens"):
     tasks.prompt_batch(["ok", ""])
+
+
+def test_prompt_batch_refuses_what_it_would_alter_silently():
+  """An empty text with a task encoded as the prefix alone ("summarize: synopsis:") and decoded as if it
+  were text; an over-long one was cut without notice."""
+  with pytest.raises(ValueError, match=r"texts \[1\] \(0-based\) encode to no tokens"):
+    tasks.prompt_batch(["ok", ""], task="debian_synopsis")
+  long = "word " * 300
+  with pytest.raises(ValueError, match=r"texts \[1\] \(0-based\) are longer than task debian_synopsis's input "
+                                       r"budget: 224 tokens .* text 1 needs 3\d\d.*truncate=True"):
+    tasks.prompt_batch(["ok", long], task="debian_synopsis")
+  prompts, lengths = tasks.prompt_batch(["ok", long], task="debian_synopsis", truncate=True)
+  assert lengths[1] == tasks.get_task("debian_synopsis").max_input_tokens

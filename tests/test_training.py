@@ -9,6 +9,7 @@ import logging
 import os
 import pathlib
 import shutil
+import time
 
 import gin
 import jax
@@ -253,6 +254,51 @@ def test_exported_model_gives_identical_logits(uninterrupted, tmp_path):
   (tmp_path / "bf16" / "model.json").unlink()
   with pytest.raises(training.CheckpointError, match="not an exported model"):
     training.load_model(str(tmp_path / "bf16"))
+
+
+def _tiny_export(directory: pathlib.Path, edit=lambda params: None) -> pathlib.Path:
+  """A random tiny model exported to `directory`, its parameter tree changed in place by `edit` first."""
+  model = models.build("tiny", vocab_size=V, max_length=64)
+  params = jax.tree.map(lambda x: x, model.params)
+  edit(params)
+  training.save_params(str(directory), model.replace(params=params), preset="tiny")
+  return directory
+
+
+def test_export_with_a_missing_unexpected_or_misshaped_tensor_raises_naming_it(tmp_path):
+  def reshape_and_add(params):
+    params["block_0"]["mlp"]["dense_in"]["kernel"] = params["block_0"]["mlp"]["dense_in"]["kernel"][:, :10]
+    params["block_1"]["mlp"]["extra"] = params["final_norm"]["bias"]
+
+  # orbax itself reports these as a "pytree structure error" naming no tensor.
+  for directory, edit, named in [
+      ("missing", lambda params: params["final_norm"].pop("bias"), "missing (1): final_norm/bias"),
+      ("misshaped", reshape_and_add, "unexpected (1): block_1/mlp/extra; "
+                                     "different (1): block_0/mlp/dense_in/kernel: (32, 10) there, (32, 64) here")]:
+    export = _tiny_export(tmp_path / directory, edit)
+    with pytest.raises(training.CheckpointError) as error:
+      training.load_model(str(export))
+    assert f"exported model {export} does not match its model.json: {named}" == str(error.value)
+
+
+# A truncated array file fails orbax's concurrent reads; the others die unawaited, which Python reports.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("victim", ["largest array file", "_METADATA", "manifest.ocdbt"])
+def test_truncated_export_raises_one_readable_line(tmp_path, victim):
+  params = _tiny_export(tmp_path / "export") / "params"
+  files = [p for p in params.rglob("*") if p.is_file()]
+  victim = max(files, key=lambda p: p.stat().st_size) if victim == "largest array file" else params / victim
+  os.truncate(victim, victim.stat().st_size // 2)
+  with pytest.raises(training.CheckpointError) as error:
+    training.load_model(str(tmp_path / "export"))
+  message = str(error.value)
+  assert message.startswith(f"exported model {tmp_path / 'export'} cannot be read, it is truncated, corrupt")
+  # Not orbax's wrapper: a multi-line pybind repr of the TensorStore, or of a C++ status.
+  assert "\n" not in message and "<" not in message and "Status" not in message, message
+  # The reads still in flight end on tensorstore's threads, into orbax's closed event loop: here, where the
+  # warning filter applies, not in a later test.
+  time.sleep(0.5)
+  gc.collect()
 
 
 def test_gin_train_runs_tiny_synthetic_with_binding_override(tmp_path):

@@ -58,10 +58,12 @@ import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from specdec.data import shipped
+
 DATASETS = ("debian_synopsis", "debian_en_de", "debian_lm")
 SPLITS = ("train", "validation", "test")
 DEFAULT_APT_DIR = "/var/lib/apt/lists"
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "debian"
+SAMPLE_DIR = shipped.path("data", "debian")
 FETCH_HINT = ("fetch them as root with `apt-get -o Acquire::Languages=en,de update`, or pass "
               "source='sample' for the small sample shipped in data/debian/")
 

@@ -31,6 +31,7 @@ import hashlib
 import itertools
 import json
 import os
+import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -115,31 +116,38 @@ def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decod
 
 
 def prompt_batch(texts: Sequence[str], *, task: str | None = None, vocab: Vocabulary | None = None,
-                 encoder_decoder: bool = False, bucket: int = 32) -> tuple[np.ndarray, np.ndarray]:
+                 encoder_decoder: bool = False, bucket: int = 32, truncate: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
   """Texts as a decoding batch: prompts [B, W] int32 right-padded with 0 and prompt_lengths [B].
 
   With a `task`, each text is the task's input, formatted and cut as in training ("summarize: <text>
   synopsis:"; `encode_example`); without one, the text's tokens as they are. W is the longest prompt
   rounded up to a multiple of `bucket`, so prompts of new lengths reuse the loops compiled for their
-  bucket instead of compiling again. `vocab` defaults to the shipped vocabulary.
+  bucket instead of compiling again. `vocab` defaults to the shipped vocabulary. An empty text, or one
+  longer than the task's input budget (`Task.max_input_tokens`) unless `truncate` (cut as in training),
+  raises ValueError naming it.
   """
   if isinstance(texts, str) or not all(isinstance(text, str) for text in texts) or not texts:
     raise ValueError(f"texts must be a non-empty list of strings; got {texts!r:.80}")
   if not isinstance(bucket, int) or bucket < 1:
     raise ValueError(f"bucket must be an int >= 1; got {bucket!r}")
   vocab = vocab or load_vocabulary()
-  if task is None:
-    ids = [vocab.encode(text) for text in texts]
-  else:
-    spec = get_task(task)
-    if spec.input_field is None:
-      ids = [vocab.encode(text) for text in texts]   # an LM task continues the text itself
-    else:
-      ids = [encode_example(spec, vocab, {spec.input_field: text, spec.target_field: ""},
-                            encoder_decoder=encoder_decoder)[0] for text in texts]
+  ids = [vocab.encode(text) for text in texts]
   empty = [i for i, row in enumerate(ids) if not row]
-  if empty:
-    raise ValueError(f"texts {empty} encode to no tokens; a prompt needs at least one")
+  if empty:   # checked before formatting: a task's prefix alone is not a prompt
+    raise ValueError(f"texts {empty} (0-based) encode to no tokens; a prompt needs at least one")
+  spec = None if task is None else get_task(task)
+  if spec is not None and spec.input_field is not None:   # an LM task continues the text itself
+    def formatted(spec: Task) -> list[list[int]]:
+      return [encode_example(spec, vocab, {spec.input_field: text, spec.target_field: ""},
+                             encoder_decoder=encoder_decoder)[0] for text in texts]
+    ids = formatted(spec)
+    whole = formatted(dataclasses.replace(spec, max_input_tokens=sys.maxsize))
+    cut = [i for i, (kept, full) in enumerate(zip(ids, whole)) if len(kept) < len(full)]
+    if cut and not truncate:
+      raise ValueError(f"texts {cut} (0-based) are longer than task {task}'s input budget: {spec.max_input_tokens} tokens "
+                       f"with its prefix and separator, text {cut[0]} needs {len(whole[cut[0]])}; shorten them, "
+                       "or cut them as training does (truncate=True; specdec-generate --truncate)")
   lengths = np.array([len(row) for row in ids], np.int32)
   width = -(-int(lengths.max()) // bucket) * bucket
   prompts = np.zeros((len(ids), width), np.int32)

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-DEFAULT_VOCAB_PATH = Path(__file__).resolve().parents[2] / "data" / "vocab" / "debian_en_de_8192.model"
+from specdec.data import shipped
+
+DEFAULT_VOCAB_PATH = shipped.path("data", "vocab", "debian_en_de_8192.model")
 MISSING_HINT = ("pass the path of a local SentencePiece .model file (for T5's: `gsutil cp "
                 "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model .`), or leave `path` unset for the "
                 "vocabulary shipped in data/vocab/ (`python scripts/train_vocab.py` rebuilds it)")

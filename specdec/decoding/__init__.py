@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import checks
+from specdec import checks, rng
 from specdec.decoding import common, methods
 from specdec.decoding.common import Output, Stats
 from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
@@ -61,6 +61,17 @@ def _prompt_arrays(prompts: Any, prompt_lengths: Any) -> tuple[np.ndarray, np.nd
   return prompts, prompt_lengths
 
 
+def _row_ids(row_ids: Any, batch: int) -> Array:
+  """row_ids [B] as uint32 (default 0 … B−1), or a ValueError naming the problem."""
+  if row_ids is None:
+    return jnp.arange(batch, dtype=jnp.uint32)
+  row_ids = np.asarray(row_ids)
+  checks.check_shape("row_ids", row_ids, (batch,), "[B]")
+  if not np.issubdtype(row_ids.dtype, np.integer) or np.any(row_ids < 0) or np.any(row_ids >= 2**32):
+    raise ValueError(f"row_ids must be integers in [0, 2**32); got {row_ids!r}")
+  return jnp.asarray(row_ids.astype(np.uint32))
+
+
 def _sampling(sampling: Sampling | None, temperature, top_p, top_k) -> Sampling:
   loose = {name: value for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k))
            if value is not None}
@@ -80,7 +91,8 @@ def cache_length_for(prompt_positions: int, max_new_tokens: int, slack: int) -> 
 def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts: Array,
              prompt_lengths: Array | None = None, *, method: str, max_new_tokens: int,
              sampling: Sampling | None = None, temperature: float | None = None, top_p: float | None = None,
-             top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, **params: Any) -> Output:
+             top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, row_ids: Array | None = None,
+             **params: Any) -> Output:
   """Decodes a batch of prompts [B, L] (row b's prompt is prompts[b, :prompt_lengths[b]]; None: all of L).
 
   method (`methods.METHODS`; its parameters as keyword arguments, defaults in brackets):
@@ -96,10 +108,11 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
     oracle_cascade  rule, alpha: OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff]).
     bild            alpha, fallback_alpha [0.5], gamma: the original BiLD: fallback while max q ≥
                     1 − fallback_alpha, at most γ drafts, deterministic rollback where D(q, p) > alpha.
-    cs_drafting     gamma, model_drafts [None: γ], lower_gamma [4], lenience [1]: lossless SpecDecode with
-                    CS Drafting's drafter (`cs_drafting.cs_drafter`): the model, itself drafted by Max-Gram
-                    (lower_gamma per call, 0: alone) under lenience ≥ 1, for the first model_drafts
-                    positions of a block, Max-Gram for the rest (0: Max-Gram alone).
+    cs_drafting     gamma, model_drafts [None: γ], lower_gamma [4], lenience [1], gate [0]: lossless
+                    SpecDecode with CS Drafting's drafter (`cs_drafting.cs_drafter`): the model, itself
+                    drafted by Max-Gram (lower_gamma per call, 0: alone) under lenience ≥ 1, for the first
+                    model_drafts positions of a block, Max-Gram for the rest (0: Max-Gram alone); Max-Gram
+                    drafts only on suffix matches of ≥ gate tokens (0: always).
     specdec_pp      stop_threshold [0.5], max_gamma [8]: SpecDec++ (lossless): the drafter, a
                     `ModelDrafter(model, head=…)`, stops a block once its acceptance head predicts
                     P(some draft rejected) > stop_threshold.
@@ -110,13 +123,15 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
   Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
   temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild). Rows
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).
+  Randomness is per row: row b draws from fold_in(key, row_ids[b]) alone (`specdec.rng`; default ids
+  0 … B−1), so a prompt's sample depends on (key, its id), not on its batch position or the batch size.
   Returns tokens [B, max_new_tokens] (0 after each row's end), lengths [B] and per-row stats. NaN in a
   model's logits stops the affected rows (inside the jitted loop, without a host round-trip) and then
   raises FloatingPointError naming them. Bad arguments raise ValueError before any compute.
   """
   args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
                           sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
-                          params=params)
+                          row_ids=row_ids, params=params)
   out = _generate(key, *args, **static)
   failed = np.asarray(out.failed)
   if failed.any():
@@ -128,17 +143,18 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
 def lower(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts: Array,
           prompt_lengths: Array | None = None, *, method: str, max_new_tokens: int,
           sampling: Sampling | None = None, temperature: float | None = None, top_p: float | None = None,
-          top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, **params: Any) -> jax.stages.Lowered:
+          top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, row_ids: Array | None = None,
+          **params: Any) -> jax.stages.Lowered:
   """The program `generate` runs for these arguments, lowered, not run: `.compile().as_text()` is its
   optimized HLO, `.compile().memory_analysis()` its memory (tests and benchmarks read both)."""
   args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
                           sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
-                          params=params)
+                          row_ids=row_ids, params=params)
   return _generate.lower(key, *args, **static)
 
 
 def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_tokens, sampling, temperature, top_p,
-             top_k, eos_id, params) -> tuple[tuple, dict[str, Any]]:
+             top_k, eos_id, row_ids, params) -> tuple[tuple, dict[str, Any]]:
   """`generate`'s checks on the host: the jitted loop's arguments after the key, and its static arguments."""
   spec = methods.get(method)
   params = spec.resolve(params)
@@ -147,6 +163,7 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
   if eos_id is not None:
     eos_id = _int("eos_id", eos_id, 0)
   prompts, prompt_lengths = _prompt_arrays(prompts, prompt_lengths)
+  row_ids = _row_ids(row_ids, prompts.shape[0])
   if spec.drafter == "none":
     drafter = None
   elif drafter is None:
@@ -166,19 +183,19 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
                                   spec.slack(params) + getattr(drafter, "slack", 0))
   common.check_prompts(prompts, prompt_lengths, cache_length, models)
   traced = {name: jnp.float32(value) for name, value in spec.traced(params).items()}
-  args = (drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), sampling,
-          traced)
+  args = (drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), row_ids,
+          sampling, traced)
   return args, dict(method=method, static=tuple(sorted(spec.static(params).items())),
                     max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
                     mesh=partitioning.mesh_of((verifier, prompts)))
 
 
 @functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh"))
-def _generate(key, drafter, verifier, prompts, prompt_lengths, sampling, traced, *, method, static,
+def _generate(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, traced, *, method, static,
               max_new_tokens, eos_id, cache_length, mesh) -> Output:
   # Traced under the models' mesh, if any: the models then gather their logits over 'model' once per call
   # (`partitioning.gather_vocab`).
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
-    return METHODS[method].decode(key, drafter, verifier, prompts, prompt_lengths, sampling=sampling,
+    return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths, sampling=sampling,
                                   max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
                                   **traced, **dict(static))

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec.decoding import common
 from specdec.models.base import Cache, Model, prefill
@@ -34,7 +35,7 @@ def autoregressive(key: Array, model: Model, prompts: Array, prompt_lengths: Arr
   last, cache = prefill(model, model.init_cache(batch, cache_length), prompts, prompt_lengths)
 
   def step(state: _State, done: Array) -> tuple[_State, common.Emission]:
-    key, step_key = jax.random.split(state.key)
+    key, step_key = rng.split(state.key)
     logits, cache = model.score(state.cache, state.last[:, None])
     token = sampling_lib.sample(step_key, sampling.transform(logits[:, 0]))
     failed = common.has_nan(logits)

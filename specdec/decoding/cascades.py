@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec import sampling as sampling_lib
-from specdec import targets, verify
+from specdec import rng, targets, verify
 from specdec.decoding import common
 from specdec.decoding.autoregressive import autoregressive
 from specdec.decoding.drafters import ModelDrafter
@@ -45,7 +45,7 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
   batch = prompts.shape[0]
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
-    key, step_key = jax.random.split(state.key)
+    key, step_key = rng.split(state.key)
     q_logits, drafter_cache = drafter.score(state.drafter_state, state.last[:, None])
     p_logits, verifier_cache = verifier.score(state.verifier_cache, state.last[:, None])
     q_raw, q = sampling.distributions(q_logits[:, 0])
@@ -85,7 +85,7 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
   rows = jnp.arange(batch)
 
   def step(state: _CascadeState, done: Array) -> tuple[_CascadeState, common.Emission]:
-    key, key_q, key_p = jax.random.split(state.key, 3)
+    key, key_q, key_p = rng.split(state.key, 3)
     live = ~done
     q_logits, drafter_cache = drafter.score(state.drafter_state, state.last[:, None])
     q_raw, q = sampling.distributions(q_logits[:, 0])
@@ -145,7 +145,7 @@ def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   drafted tokens are the argmaxes, and a lower bound on the max then). The verifier pass runs only when
   some row defers.
   """
-  key_draft, key_verify = jax.random.split(key)
+  key_draft, key_verify = rng.split(key)
   drafted, log_confidence = autoregressive(
       key_draft, drafter, prompts, prompt_lengths, sampling=sampling, max_new_tokens=max_new_tokens,
       eos_id=eos_id, cache_length=cache_length, calls="drafter_calls",

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec import checks, targets, verify
+from specdec import checks, rng, targets, verify
 from specdec import sampling as sampling_lib
 from specdec.decoding import common, speculative
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, observe_chunk
@@ -112,7 +112,7 @@ class VerticalCascade:
     greedy = sampling.temperature <= 0.0
 
     def body(c: _ReviewCarry) -> _ReviewCarry:
-      key, key_lower, key_review = jax.random.split(c.key, 3)
+      key, key_lower, key_review = rng.split(c.key, 3)
       active = c.n < width
       lower = self.lower.propose(key_lower, c.lower, c.token, max_drafts=k, sampling=sampling)
       logits, upper = self.upper.score(c.upper, jnp.concatenate([c.token[:, None], lower.tokens], axis=1))
@@ -230,7 +230,7 @@ class HorizontalCascade:
     rows = jnp.arange(batch)
     history = state.history.at[rows, state.length].set(last, mode="drop")
     position = state.length                       # where the next stage's pending token sits
-    keys = jax.random.split(key, len(self.stages))
+    keys = rng.split(key, len(self.stages))
     stages, consumed = list(state.stages), [state.consumed[i] for i in range(len(self.stages))]
     tokens, q, q_raw, calls = [], [], [], jnp.zeros((batch,), jnp.int32)
     for i, (stage, drafts) in enumerate(zip(self.stages, self.allotment(max_drafts))):
@@ -258,13 +258,13 @@ class HorizontalCascade:
 
 
 def cs_drafter(model: Model, *, gamma: int, model_drafts: int | None = None, lower_gamma: int = 4,
-               lenience: Array | float = 1.0, grams: MaxGram | None = None) -> Drafter:
+               lenience: Array | float = 1.0, gate: int = 0, grams: MaxGram | None = None) -> Drafter:
   """CSD's two-drafter configuration (App. E, Table 5): [model ← Max-Gram] (a vertical cascade; the model
   alone when lower_gamma = 0) drafts the first `model_drafts` positions of a block (None: all γ),
   Max-Gram the rest (a horizontal cascade; Max-Gram alone when model_drafts = 0). `grams`: the Max-Gram
-  drafter to use at both places (default `MaxGram(V)`: no bigram table)."""
+  drafter to use at both places (default `MaxGram(V, gate=gate)`: no bigram table)."""
   model_drafts = gamma if model_drafts is None else model_drafts
-  grams = MaxGram(model.vocab_size) if grams is None else grams
+  grams = MaxGram(model.vocab_size, gate=gate) if grams is None else grams
   if model_drafts == 0:
     return grams
   top = ModelDrafter(model) if lower_gamma == 0 else VerticalCascade(model, grams, lower_gamma=lower_gamma,
@@ -274,9 +274,11 @@ def cs_drafter(model: Model, *, gamma: int, model_drafts: int | None = None, low
 
 def cs_drafting(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, gamma: int, model_drafts: int | None, lower_gamma: int,
-                lenience, max_new_tokens: int, eos_id: int | None, cache_length: int) -> common.Output:
+                lenience, gate: int = 0, max_new_tokens: int, eos_id: int | None, cache_length: int
+                ) -> common.Output:
   """SpecDecode (lossless) with `cs_drafter(drafter, …)` as the drafter: the verifier's law, CSD's drafting."""
-  cascade = cs_drafter(drafter, gamma=gamma, model_drafts=model_drafts, lower_gamma=lower_gamma, lenience=lenience)
+  cascade = cs_drafter(drafter, gamma=gamma, model_drafts=model_drafts, lower_gamma=lower_gamma, lenience=lenience,
+                       gate=gate)
   return speculative.speculative(key, cascade, verifier, prompts, prompt_lengths, sampling=sampling, rule="spec",
                                  alpha=0.0, gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
                                  cache_length=cache_length)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec.models.base import Cache, Model, prefill, rollback
 
@@ -140,7 +141,7 @@ class ModelDrafter:
     max_drafts calls and leaves its last draft `pending` (`catch_up`), since only a full acceptance
     commits it."""
     batch, vocab = last.shape[0], self.model.vocab_size
-    keys = jax.random.split(key, max_drafts + 1)
+    keys = rng.split(key, max_drafts + 1)
     last_step = max_drafts if self.bonus_q else max_drafts - 1
 
     def cond(c: _DraftCarry) -> Array:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec import spectr as spectr_lib
 from specdec import tree as tree_lib
@@ -69,12 +70,13 @@ class IIDDrafts:
 
   def propose(self, key: Array, state: Cache, last: Array, *, gamma: int,
               sampling: sampling_lib.Sampling) -> DraftSet:
-    """K drafts of γ tokens after `last` [B]: γ+1 calls over [B·K] rows (the last one scores d_γ, so the
-    cache covers a fully accepted draft). Unlike `speculative`, the call on d_γ is made in every block: a
-    call after selection, only where a whole draft was kept, put a `lax.cond` around the [B·K] cache
-    update, and XLA copied the cache in its branches."""
-    drafted = ModelDrafter(self.model).propose(key, state, self._expand(last), max_drafts=gamma,
-                                               sampling=sampling)
+    """K drafts of γ tokens after `last` [B] (`key`: one per row [B]): γ+1 calls over [B·K] rows (the last
+    one scores d_γ, so the cache covers a fully accepted draft). Unlike `speculative`, the call on d_γ is
+    made in every block: a call after selection, only where a whole draft was kept, put a `lax.cond` around
+    the [B·K] cache update, and XLA copied the cache in its branches."""
+    # Copies draw from keys derived from their row's key alone (`rng.expand`); with K = 1, as `speculative`.
+    drafted = ModelDrafter(self.model).propose(rng.expand(key, self.num_drafts), state, self._expand(last),
+                                               max_drafts=gamma, sampling=sampling)
     batch, k = last.shape[0], self.num_drafts
     return DraftSet(tokens=drafted.tokens.reshape(batch, k, gamma),
                     q=drafted.q.reshape(batch, k, gamma + 1, -1), calls=drafted.calls[::k], state=drafted.state)
@@ -122,7 +124,7 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   widths = tuple(1 + k * gamma for k in (1, 2, 4, 8, 16, 32) if k < num_drafts)
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
-    key, key_draft, key_select = jax.random.split(state.key, 3)
+    key, key_draft, key_select = rng.split(state.key, 3)
     drafts = drafts_of.propose(key_draft, state.drafter_state, state.last, gamma=gamma, sampling=sampling)
     start = state.verifier_cache.lengths
     tree = tree_lib.build_tree(drafts.tokens, state.last, start)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec import sampling as sampling_lib
-from specdec import targets, verify
+from specdec import rng, targets, verify
 from specdec.decoding import common
 from specdec.decoding.drafters import Draft, Drafter, ModelDrafter
 from specdec.models.base import Cache, Model, prefill, rollback
@@ -100,7 +100,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
   drafter = _deferring_last_call(drafter, needs_bonus_q=rule not in _BONUS_FROM_P)
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
-    key, key_draft, key_verify = jax.random.split(state.key, 3)
+    key, key_draft, key_verify = rng.split(state.key, 3)
     drafted = drafter.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling)
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
     if getattr(drafter, "variable_length", False):
@@ -153,7 +153,7 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     return jnp.max(q_raw_j, axis=-1) >= 1.0 - fallback_alpha
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
-    key, key_draft, key_next = jax.random.split(state.key, 3)
+    key, key_draft, key_next = rng.split(state.key, 3)
     drafted = drafter.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling,
                               keep_drafting=confident)
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)

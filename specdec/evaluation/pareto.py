@@ -61,7 +61,7 @@ def _model_name(identity: dict[str, Any]) -> str:
 
 def _series_names(records: list[Record]) -> list[str]:
   """Family names, suffixed with a parameter's symbol and value (γ, α_f: `Param.symbol`) where that family
-  holds several values of it."""
+  holds several values of it among `records`."""
   symbols = {p.name: p.symbol for method in decoding.METHODS.values() for p in method.params if p.symbol}
   values: dict[tuple[str, str], set] = {}
   for r in records:
@@ -82,22 +82,28 @@ def _series_rank(named: tuple[str, Record]) -> tuple[float, str]:
                       for p in method.params}), name
 
 
-def group_records(records: Sequence[Record]) -> list[Group]:
+def group_records(records: Sequence[Record], *, name_over_all: bool = False) -> list[Group]:
   """Groups records (the last record of each hash wins), in order of first appearance; series in the
-  paper's row order (Table 2), then by name."""
+  paper's row order (Table 2), then by name. A series' name says its γ (α_f, …) where its family holds
+  several values in the group (a table's rows), or with `name_over_all` in all the records (the plots: a
+  family whose γ differs between panels, γ=3 at T=1 and γ=5 at T=0, says so in each legend, and a series
+  keeps one name, and so one style, in every panel)."""
   unique = list({r["hash"]: r for r in records}.values())
+  # The models alone (autoregressive) are reference points; every other method is a series.
+  alone = lambda r: r["point"]["method"] == "autoregressive"
+  pair = [r for r in unique if not alone(r)]
+  names = {r["hash"]: name for r, name in zip(pair, _series_names(pair))} if name_over_all else {}
   keys: dict[tuple, list[Record]] = {}
   for r in unique:
     keys.setdefault((r["context_hash"], r["point"]["temperature"], r["point"]["top_p"]), []).append(r)
   groups = []
   for (context_hash, temperature, top_p), members in keys.items():
     context = members[0]["context"]
-    # The models alone (autoregressive) are reference points; every other method is a series.
-    alone = lambda r: r["point"]["method"] == "autoregressive"
     by_model = {r["point"]["model"]: r for r in members if alone(r)}
-    pair = [r for r in members if not alone(r)]
     series: dict[str, list[Record]] = {}
-    for name, r in sorted(zip(_series_names(pair), pair), key=_series_rank):
+    in_group = [r for r in members if not alone(r)]
+    named = [names[r["hash"]] for r in in_group] if name_over_all else _series_names(in_group)
+    for name, r in sorted(zip(named, in_group), key=_series_rank):
       series.setdefault(name, []).append(r)
     title = (f"{context['task']}: {_model_name(context['drafter'])} → {_model_name(context['verifier'])}, "
              f"T={temperature:g}, top-P={top_p:g}")
@@ -187,12 +193,16 @@ def table2_markdown(records: Sequence[Record]) -> str:
               "intervals over examples.", "",
               f"| method | speed-up↑ when matching the large model's quality | best {name} without exceeding "
               f"the large model's latency |", "|---|---|---|"]
-    for row in table2_rows(group):
+    rows = table2_rows(group)
+    for row in rows:
       matching = ("—" if row.matching is None else f"{row.speedup:.2f}×"
                   f"{_interval(row.matching, 'relative_latency', lambda x: 1.0 / x)}{_parameters(row.matching)}")
       best = ("—" if row.best is None else
               f"{row.best['quality']:.2f}{_interval(row.best, 'quality')}{_parameters(row.best)}")
       lines.append(f"| {row.name} | {matching} | {best} |")
+    if any(row.matching is None or row.best is None for row in rows):
+      lines += ["", f"—: in the speed-up column, no measured point reaches the large model's quality; in the best "
+                f"{name} column, every measured point is slower than the large model."]
     sections.append("\n".join(lines + [""]))
   return "\n".join(sections)
 
@@ -216,6 +226,7 @@ def multi_draft_markdown(records: Sequence[Record]) -> str:
     lines = [f"### {group.title}", "", "Cells: tokens per verifier call · latency relative to SpecDecode at the "
              "same L · verifier positions per token.", "",
              "| method | L | " + " | ".join(f"K={k}" for k in drafts) + " |", "|---|---|" + "---|" * len(drafts)]
+    rows = []
     for method, name in names.items():
       for gamma in sorted({r["point"]["gamma"] for r in members}):
         by_k = {r["point"].get("num_drafts") or 1: r for r in members
@@ -224,8 +235,12 @@ def multi_draft_markdown(records: Sequence[Record]) -> str:
           continue
         if gamma in spec:
           by_k.setdefault(1, spec[gamma])
-        lines.append(f"| {name} | {gamma} | " + " | ".join(
+        rows.append(f"| {name} | {gamma} | " + " | ".join(
             _multi_draft_cell(by_k.get(k), spec.get(gamma)) for k in drafts) + " |")
+    lines += rows
+    if any("—" in row for row in rows):
+      lines += ["", "—: as a whole cell, no run of the method at that L and K; as the latency, no SpecDecode run "
+                "at that L to compare with; as the positions, a run recorded before that counter existed."]
     sections.append("\n".join(lines + [""]))
   return "\n".join(sections)
 
@@ -242,7 +257,8 @@ def _multi_draft_cell(record: Record | None, spec: Record | None) -> str:
 def _axes(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
   columns = min(n, 2)
   rows = math.ceil(n / columns)
-  figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.5 * rows), squeeze=False)
+  # at the saved resolution: overlaps are settled in display coordinates before saving
+  figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.5 * rows), dpi=120, squeeze=False)
   for extra in axes.flat[n:]:
     extra.set_visible(False)
   return figure, list(axes.flat[:n])
@@ -250,6 +266,9 @@ def _axes(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
 
 _MARKERS = "osD^vP*Xh<>p"
 _LINE_STYLES = ("-", "--", ":", "-.")
+_MARKER_SIZE = 5.0   # points; a series' frontier markers
+_MARKER_STEP = 3.0   # points wider per later series drawn over a marker (its ring)
+_LABEL_OFFSETS = ((3, 3), (3, -9))   # an α label above-right of its point, else below-right
 
 
 def _styles(groups: Sequence[Group]) -> dict[str, tuple[Any, str, str]]:
@@ -275,15 +294,47 @@ def _error(records: list[Record], key: str, values: list[float]) -> list[list[fl
           [max(i[1] - v, 0.0) for v, i in zip(values, intervals)]]
 
 
+def _ring_covered_markers(lines: list[plt.Line2D], dpi: float) -> None:
+  """Under each frontier marker that series drawn later cover (a marker of theirs within a marker's width on
+  screen), a larger one, a step per such series: coinciding series (at T = 0 SpecDecode and SpecDecode
+  [Lossy]) show as rings around the marker on top instead of hiding under it."""
+  width = _MARKER_SIZE * dpi / 72   # in pixels
+  centres = [line.get_transform().transform(line.get_xydata()) for line in lines]
+  for i, line in enumerate(lines):
+    over = [sum(any(math.dist(a, b) < width for b in later) for later in centres[i + 1:]) for a in centres[i]]
+    covered = [(xy, n) for xy, n in zip(line.get_xydata(), over) if n]
+    if covered:
+      points, counts = zip(*covered)
+      line.axes.scatter(*zip(*points), s=[(_MARKER_SIZE + _MARKER_STEP * n) ** 2 for n in counts],
+                        marker=line.get_marker(), color=line.get_color(), zorder=line.get_zorder() - 0.1)
+
+
+def _place_labels(labels: list[plt.Annotation]) -> None:
+  """Puts each α label at the first offset where it overlaps no label placed before it, and drops it where
+  none is free: nearby frontier points would pile their labels up."""
+  placed = []
+  for label in labels:
+    for offset in _LABEL_OFFSETS:
+      label.xyann = offset
+      box = label.get_window_extent()
+      if not any(box.overlaps(other) for other in placed):
+        placed.append(box)
+        break
+    else:
+      label.remove()
+
+
 def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_label: str, *,
                  latency: bool, styles: dict[str, tuple[Any, str, str]]) -> None:
   """One panel per group: per series its measured points with error bars, the Pareto frontier as a line,
-  α on the frontier points; the large model's quality as a dotted line (and, on the latency axis, x = 1
-  and both models alone as markers)."""
+  α on the frontier points where labels do not overlap; the large model's quality as a dotted line (and, on
+  the latency axis, x = 1 and both models alone as markers)."""
   if not groups:
     raise ValueError("no records to plot")
   figure, axes = _axes(len(groups))
+  drawn = []   # per panel: its frontier lines and α labels, in drawing order
   for ax, group in zip(axes, groups):
+    lines, labels = [], []
     for name, members in group.series.items():
       members = [r for r in members if cost(r) is not None]
       if not members:
@@ -294,13 +345,13 @@ def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_la
                   xerr=_error(members, "relative_latency", xs) if latency else None, fmt="none", ecolor=colour,
                   alpha=0.35, linewidth=0.8)
       optimal = frontier(list(zip(xs, ys)))
-      ax.plot(*zip(*optimal), marker=marker, markersize=5, color=colour, linestyle=line_style, label=name)
+      lines += ax.plot(*zip(*optimal), marker=marker, markersize=_MARKER_SIZE, color=colour, linestyle=line_style,
+                       label=name)
       ax.scatter([x for x, y in zip(xs, ys) if (x, y) not in optimal],
                  [y for x, y in zip(xs, ys) if (x, y) not in optimal], s=12, marker=marker, color=colour, alpha=0.35)
-      for r, x, y in zip(members, xs, ys):
-        if (x, y) in optimal and r["point"].get("alpha") is not None:
-          ax.annotate(f"{r['point']['alpha']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6,
-                      color=colour)
+      alphas = {(x, y): r["point"]["alpha"] for r, x, y in zip(members, xs, ys) if r["point"].get("alpha") is not None}
+      labels += [ax.annotate(f"{alphas[xy]:g}", xy, textcoords="offset points", xytext=_LABEL_OFFSETS[0], fontsize=6,
+                             color=colour) for xy in optimal if xy in alphas]
     if group.large is not None:
       ax.axhline(group.large["quality"], color="black", linestyle=":", linewidth=1,
                  label=None if latency else "Large (verifier)")   # on the latency axis its marker has the entry
@@ -316,8 +367,13 @@ def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_la
     ax.set_ylabel(METRIC_NAMES.get(group.metric, group.metric))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    drawn.append((lines, labels))
   figure.tight_layout()
-  figure.savefig(path, dpi=120)
+  figure.canvas.draw()   # settles the axis limits and the layout, hence where everything lands on screen
+  for lines, labels in drawn:
+    _ring_covered_markers(lines, figure.dpi)
+    _place_labels(labels)
+  figure.savefig(path)
   plt.close(figure)
 
 
@@ -325,7 +381,7 @@ def plot_latency(records: Sequence[Record], path: str | os.PathLike) -> None:
   """Figure 4: quality vs latency relative to the large model, one line per method along its frontier
   (α labels, 95 % intervals as error bars), the models alone as markers, the large model's quality as a
   dotted line and its latency (x = 1) dashed; one panel per group."""
-  groups = group_records(records)
+  groups = group_records(records, name_over_all=True)
   _plot_groups(groups, path, lambda r: r["relative_latency"], "latency relative to the large model",
                latency=True, styles=_styles(groups))
 
@@ -346,13 +402,13 @@ def plot_rejection(records: Sequence[Record], path: str | os.PathLike) -> None:
   # styled from all the records' series, as plot_latency is: a method keeps its colour in both figures
   _plot_groups(rejection_panels(records), path, _draft_rejection_rate,
                "rejection rate (rejected draft tokens / draft tokens)", latency=False,
-               styles=_styles(group_records(records)))
+               styles=_styles(group_records(records, name_over_all=True)))
 
 
 def rejection_panels(records: Sequence[Record]) -> list[Group]:
   """Figure 3's panels: each group split by γ."""
   panels = []
-  for group in group_records(records):
+  for group in group_records(records, name_over_all=True):
     gammas = sorted({r["point"]["gamma"] for rs in group.series.values() for r in rs
                      if r["point"].get("gamma") is not None})
     for gamma in gammas:

@@ -48,7 +48,7 @@ import numpy as np
 import tqdm
 
 from specdec import checks, decoding, models
-from specdec.data import SPLITS, seqio_tasks, tasks
+from specdec.data import SPLITS, seqio_tasks, shipped, tasks
 from specdec.data.vocab import Vocabulary, load_vocabulary
 from specdec.decoding import common
 from specdec.evaluation import metrics
@@ -75,6 +75,11 @@ class ModelSource:
   # SpecDec++ (method specdec_pp): a directory holding an acceptance head (`acceptance_head/`); None: the
   # model's own export directory, if it holds one.
   head: str | None = None
+
+  def directory(self) -> str | None:
+    """`path` from the working directory, else from the shipped root (`shipped.find`: data/models/… of an
+    installed package). The record keeps `path` as written."""
+    return None if self.path is None else os.path.abspath(shipped.find(self.path, ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +314,7 @@ class Workload:
 
 
 def _head_directory(source: ModelSource) -> str | None:
-  directory = source.head or source.path
+  directory = source.head or source.directory()
   if directory and os.path.exists(os.path.join(directory, acceptance.HEAD_DIRECTORY)):
     return directory
   if source.head is not None:
@@ -320,7 +325,7 @@ def _head_directory(source: ModelSource) -> str | None:
 
 def _load_model(source: ModelSource, vocab: Vocabulary) -> Model:
   if source.path is not None:
-    return checkpoint.load_model(source.path)
+    return checkpoint.load_model(source.directory())
   return models.build(source.preset, vocab_size=source.vocab_size or vocab.vocab_size, seed=source.seed,
                       max_length=source.max_length)
 
@@ -396,7 +401,8 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
 
 def _decode(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray, *, on_mesh: bool = False
             ) -> decoding.Output:
-  """Decodes `rows` at `point`; `on_mesh`: on the workload's mesh, if it has one (quality batches)."""
+  """Decodes `rows` at `point`, each row's randomness from (key, its row index); `on_mesh`: on the
+  workload's mesh, if it has one (quality batches)."""
   on_mesh = on_mesh and workload.mesh is not None
   small, large = workload.sharded if on_mesh else (workload.drafter, workload.verifier)
   prompts = workload.prompts[rows]
@@ -408,7 +414,7 @@ def _decode(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray, 
   verifier = small if point.model == "drafter" else large
   return decoding.generate(key, drafter, verifier, prompts, workload.prompt_lengths[rows],
                            method=point.method, temperature=point.temperature, top_p=point.top_p,
-                           max_new_tokens=workload.max_new_tokens, eos_id=workload.vocab.eos_id,
+                           max_new_tokens=workload.max_new_tokens, eos_id=workload.vocab.eos_id, row_ids=rows,
                            **dict(point.params))
 
 
@@ -426,7 +432,7 @@ def quality(point: Point, workload: Workload) -> tuple[np.ndarray, dict[str, int
   scores, hypotheses = [], []
   totals = dict.fromkeys(common.STAT_NAMES, 0)
   for index, rows in enumerate(_batches(workload)):
-    out = _decode(point, workload, jax.random.fold_in(key, index), rows, on_mesh=True)
+    out = _decode(point, workload, key, rows, on_mesh=True)
     real = min(len(rows), n - index * workload.batch_size)
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     for name, count in metrics.count_totals({name: np.asarray(getattr(out.stats, name))[:real]
@@ -459,7 +465,7 @@ def latency(point: Point, workload: Workload, baseline: Point | None = None) -> 
     for j, row in enumerate(rows):
       for i, each in enumerate(timed):
         start = time.perf_counter()
-        jax.block_until_ready(_decode(each, workload, jax.random.fold_in(key, row), np.array([row])).tokens)
+        jax.block_until_ready(_decode(each, workload, key, np.array([row])).tokens)
         seconds[i, j] += time.perf_counter() - start
   return list(seconds)
 
@@ -492,12 +498,19 @@ def _digest(value: Any) -> str:
   return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _files_digest(root: pathlib.Path, skip: str | None = None) -> str:
-  """Names and contents of the files under `root` (none inside a folder named `skip`)."""
+def _files_digest(root: pathlib.Path, skip: str | None = None, pattern: str = "*") -> str:
+  """Names and contents of the files under `root` matching `pattern` (none inside a folder named `skip`)."""
   digest = hashlib.sha256()
-  for file in sorted(p for p in root.rglob("*") if p.is_file() and skip not in p.relative_to(root).parts):
+  for file in sorted(p for p in root.rglob(pattern) if p.is_file() and skip not in p.relative_to(root).parts):
     digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
   return digest.hexdigest()[:16]
+
+
+@functools.cache
+def code_digest() -> str:
+  """The `specdec` package's source, its .py files: the code a measurement ran (edits to configs, docs or
+  tests do not change it)."""
+  return _files_digest(pathlib.Path(__file__).resolve().parents[1], pattern="*.py")
 
 
 @functools.lru_cache(maxsize=8)
@@ -508,7 +521,7 @@ def _directory_digest(path: str) -> str:
 
 def _model_identity(source: ModelSource, model: Model) -> dict[str, Any]:
   if source.path is not None:
-    return {"path": source.path, "content": _directory_digest(os.path.abspath(source.path))}
+    return {"path": source.path, "content": _directory_digest(source.directory())}
   return {"preset": source.preset, "seed": source.seed, "vocab_size": model.vocab_size,
           "max_length": model.max_length}
 
@@ -555,8 +568,8 @@ def result_files(path: str | os.PathLike) -> list[pathlib.Path]:
 def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
   """The records of a results file and of its host shards, without duplicates ([] when none exists; a
   point recorded twice keeps its last record). A last line without its newline (a write cut short by a
-  kill) is left out; any other line that is not a sweep record (bad JSON, or a JSON value without the
-  `RECORD_KEYS`) raises ValueError naming the file and line."""
+  kill) is left out, with a note on stderr; any other line that is not a sweep record (bad JSON, or a JSON
+  value without the `RECORD_KEYS`) raises ValueError naming the file and line."""
   records = {}
   for file in result_files(path):
     records.update((record["hash"], record) for record in _read_file(file))
@@ -565,6 +578,9 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def _read_file(path: pathlib.Path) -> list[dict[str, Any]]:
   lines = path.read_text().split("\n")
+  if lines[-1]:
+    print(f"note: {path}:{len(lines)} left out: a last line without its newline (a write cut short; the "
+          "sweep redoes that point when resumed)", file=sys.stderr)
   records = []
   for number, line in enumerate(lines[:-1], 1):  # the last piece follows the last newline
     try:
@@ -628,7 +644,8 @@ def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] 
     hash, context_hash, family, point (the canonical config), context, metric, quality,
     seconds_per_example, relative_latency (to the verifier alone at the same temperature and top-P, timed
     interleaved with the point), baseline {hash, seconds_per_example (of that interleaved timing)}, costs
-    (metrics.cost_metrics), counters (summed over examples), git_commit, device, seeds, finished_at.
+    (metrics.cost_metrics), counters (summed over examples), code (`code_digest`), git_commit, device, seeds,
+    finished_at.
 
   Everything is validated before the first decode; nothing is written for a bad grid. Returns the
   grid's records (stored and new) in grid order.
@@ -652,7 +669,7 @@ def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] 
   mine = [points[i] for i in block]
   pending = [point for point in mine if hashes[point] not in stored]
   shared = {"context_hash": _digest(run_context), "context": run_context, "metric": workload.task.metric,
-            "git_commit": git_commit(), "device": device(),
+            "code": code_digest(), "git_commit": git_commit(), "device": device(),
             "seeds": {"sweep": experiment.seed,
                       "drafter": experiment.drafter.seed if experiment.drafter.preset else None,
                       "verifier": experiment.verifier.seed if experiment.verifier.preset else None}}
@@ -694,18 +711,21 @@ def _release_compiled_programs(fraction: float = 0.5) -> None:
 
 
 def _check_one_run(done: list[dict[str, Any]], shared: dict[str, Any], experiment: Experiment) -> None:
-  """A run's points come from one commit and one machine (their latencies are compared with each other),
-  unless `Experiment.allow_mixed_runs`."""
-  others = sorted({(r.get("git_commit"), r.get("device")) for r in done} - {(shared["git_commit"], shared["device"])},
-                  key=str)
+  """A run's points come from one version of the `specdec` code (`code_digest`; records from before it
+  existed: one commit) and one machine, since their latencies are compared with each other, unless
+  `Experiment.allow_mixed_runs`."""
+  def code(record: dict[str, Any]) -> str:
+    return f"code {record['code']}" if "code" in record else f"commit {record.get('git_commit')}"
+
+  others = sorted({(code(r), r.get("device")) for r in done} - {(code(shared), shared["device"])}, key=str)
   if others and not experiment.allow_mixed_runs:
     raise ValueError(
-        f"{experiment.output} holds {len(done)} finished points of this run recorded on "
-        + "; ".join(f"commit {commit} / {machine}" for commit, machine in others)
-        + f", and this process runs on commit {shared['git_commit']} / {shared['device']}: latencies from "
-        "different code or machines are not comparable. Finish the run where it started (on its machine, "
-        "from `git worktree add DIR COMMIT` with PYTHONPATH=DIR and an absolute Experiment.output), write to "
-        "a new Experiment.output, or set Experiment.allow_mixed_runs = True")
+        f"{experiment.output} holds {len(done)} finished points of this run recorded with "
+        + "; ".join(f"{version} / {machine}" for version, machine in others)
+        + f", and this process runs {code(shared)} (commit {shared['git_commit']}) / {shared['device']}: "
+        "latencies from different code or machines are not comparable. Finish the run where it started (on its "
+        "machine, from `git worktree add DIR COMMIT` with PYTHONPATH=DIR and an absolute Experiment.output), "
+        "write to a new Experiment.output, or set Experiment.allow_mixed_runs = True")
 
 
 # --- gin ----------------------------------------------------------------------------------------------------
@@ -719,9 +739,10 @@ def _gin_experiment():
 
 
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = ()) -> Experiment:
-  """The `Experiment` configured by gin files (looked up from the working directory, then the repository
-  root; later files and then bindings override), e.g. configs/experiments/quickstart.gin."""
+  """The `Experiment` configured by gin files (looked up from the working directory, then the shipped root:
+  the checkout, or the installed copy of configs/; later files and then bindings override), e.g.
+  configs/experiments/quickstart.gin."""
   configured = _gin_experiment()
-  gin.add_config_file_search_path(str(REPO_ROOT))
+  gin.add_config_file_search_path(str(shipped.root()))
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
   return configured()

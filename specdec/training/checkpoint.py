@@ -57,9 +57,11 @@ def _init_from_spec(spec: dict[str, Any]) -> Callable[[jax.Array], Model]:
   return functools.partial(init, config_class(**{**fields, "dtype": getattr(jnp, fields["dtype"])}))
 
 
-def _manifest(tree: Any) -> dict[str, list]:
-  """{path: [shape, dtype]} of a pytree's leaves (arrays or `jax.ShapeDtypeStruct`s)."""
-  return {jax.tree_util.keystr(path, simple=True, separator="/"): [list(leaf.shape), jnp.dtype(leaf.dtype).name]
+def _manifest(tree: Any, *, dtypes: bool = True) -> dict[str, list]:
+  """{path: [shape, dtype]}, or [shape] without `dtypes`, of a pytree's leaves (arrays,
+  `jax.ShapeDtypeStruct`s or orbax's stored array metadata)."""
+  return {jax.tree_util.keystr(path, simple=True, separator="/"):
+              [list(leaf.shape), jnp.dtype(leaf.dtype).name] if dtypes else [list(leaf.shape)]
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
@@ -70,19 +72,33 @@ def _differences(stored: Any, expected: Any, prefix: str = "") -> list[str]:
   return [] if stored == expected else [f"{prefix[:-1]} is {stored!r} there, {expected!r} here"]
 
 
+def _entry(entry: list) -> str:
+  """A manifest entry as text: '(32, 64) float32'."""
+  return " ".join([str(tuple(entry[0])), *entry[1:]])
+
+
 def _tree_problems(stored: dict[str, list], expected: dict[str, list]) -> list[str]:
   missing = [p for p in expected if p not in stored]
   unexpected = [p for p in stored if p not in expected]
-  changed = [f"{p}: {tuple(stored[p][0])} {stored[p][1]} there, {tuple(e[0])} {e[1]} here"
+  changed = [f"{p}: {_entry(stored[p])} there, {_entry(e)} here"
              for p, e in expected.items() if p in stored and stored[p] != e]
   return [f"{name} ({len(items)}): {', '.join(items[:5])}{' …' if len(items) > 5 else ''}"
           for name, items in [("missing", missing), ("unexpected", unexpected), ("different", changed)] if items]
 
 
-def _unreadable(where: str, error: Exception) -> CheckpointError:
-  first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-  return CheckpointError(f"{where} cannot be read, it is corrupt or incomplete "
-                         f"({type(error).__name__}: {first_line[:300]})")
+def _unreadable(where: str, error: BaseException) -> CheckpointError:
+  """A read failure as one line, from the innermost cause that says something: orbax wraps tensorstore's
+  status (which names the file and the problem) in messages ending in a multi-line pybind repr."""
+  chain = [error]
+  while chain[-1].__cause__ is not None:
+    chain.append(chain[-1].__cause__)
+  for cause in reversed(chain):
+    # Up to the repr, if any: "… See full TensorStore details: <bound method … of TensorStore({ …".
+    detail = (str(cause).strip().splitlines() or [""])[0].split("<")[0].strip()
+    if detail:
+      break
+  return CheckpointError(f"{where} cannot be read, it is truncated, corrupt or incomplete "
+                         f"({type(cause).__name__}: {detail[:300]})")
 
 
 def _location(path: str | os.PathLike) -> str:
@@ -190,7 +206,8 @@ def export_name(path: str) -> str:
 def load_model(path: str, *, dtype: Any = None) -> Model:
   """The model `save_params` exported to `path`, parameters checked by `models.with_params` and held in
   the config's float32 (bfloat16 exports load exactly), or computing in `dtype` (`models.with_dtype`:
-  e.g. bfloat16 weights and caches). Raises CheckpointError on any problem."""
+  e.g. bfloat16 weights and caches). Raises CheckpointError on any problem, in one line: the missing,
+  unexpected or mis-shaped parameters by path, or that the directory is truncated or corrupt."""
   path = _location(path)
   try:
     spec = json.loads(epath.Path(path, _MODEL_JSON).read_text())
@@ -203,14 +220,28 @@ def load_model(path: str, *, dtype: Any = None) -> Model:
   # CPU); shapes and dtypes are the stored ones, checked by `with_params` below.
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract.params)
+  where = f"exported model {path}"
+  # The handler's metadata, not the checkpointer's: that one logs a read failure and returns None.
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    stored = handler.metadata(epath.Path(path, "params")).tree
+  except Exception as e:  # orbax and tensorstore raise many types; all mean the same here
+    raise _unreadable(where, e) from e
+  finally:
+    handler.close()
+  # Compared before restoring: orbax reports a tree that differs from `restore_args` as a pytree structure
+  # error naming no tensor. Shapes only: a bfloat16 export loads into a float32 model.
+  problems = _tree_problems(_manifest(stored, dtypes=False), _manifest(abstract.params, dtypes=False))
+  if problems:
+    raise CheckpointError(f"{where} does not match its {_MODEL_JSON}: " + "; ".join(problems))
   try:
     with ocp.PyTreeCheckpointer() as checkpointer:
       params = checkpointer.restore(f"{path}/params",
                                     args=ocp.args.PyTreeRestore(restore_args=restore_args))
   except Exception as e:
-    raise _unreadable(f"exported model {path}", e) from e
+    raise _unreadable(where, e) from e
   try:
     model = models.with_params(abstract, params)
   except ValueError as e:
-    raise CheckpointError(f"exported model {path}: {e}") from e
+    raise CheckpointError(f"{where}: {e}") from e
   return model if dtype is None else models.with_dtype(model, dtype)
