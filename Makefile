@@ -23,7 +23,7 @@ TEST_GROUPS := \
   "tests/test_cs_drafting.py tests/test_specdec_pp.py tests/test_multi_draft.py" \
   "tests/test_training.py tests/test_t5.py tests/test_hf_export.py" \
   "$(SHARDED_TESTS)" \
-  "tests/test_sampling.py tests/test_targets.py tests/test_verify.py tests/test_spectr.py tests/test_tree.py tests/test_theory.py tests/test_compiled.py tests/test_cli.py" \
+  "tests/test_sampling.py tests/test_targets.py tests/test_verify.py tests/test_spectr.py tests/test_tree.py tests/test_theory.py tests/test_compiled.py tests/test_cli.py tests/test_rng.py" \
   "tests/test_debian_data.py tests/test_vocab.py tests/test_tasks.py tests/test_seqio_tasks.py tests/test_metrics.py tests/test_pareto.py tests/test_recorded.py tests/test_sweep.py tests/test_launch.py"
 TEST_JOBS ?= 2
 

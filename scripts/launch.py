@@ -28,6 +28,9 @@ import pathlib
 import re
 import shlex
 import subprocess
+import sys
+
+from specdec import cli
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAGES = ("create", "install", "finetune", "sweep", "plot", "delete")
@@ -152,4 +155,4 @@ def main(argv: list[str] | None = None) -> list[Command]:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.run(main, sys.argv[1:], "scripts/launch.py"))

@@ -4,6 +4,7 @@ errors with exit status 2, per-prompt randomness, --output, timing and the persi
 Decoding runs use tiny random-weight exports (fast to compile); in-process runs pass --no_cache so the
 test process's compilations stay out of any persistent cache."""
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -85,6 +86,10 @@ def test_specdec_pp_finds_the_drafters_head(pair, tmp_path):
     (["--prompt", "word " * 300, "--task", "debian_synopsis"], "longer than task debian_synopsis's input budget"),
     (["--prompt", " ", "--task", "debian_synopsis"], "is empty"),
     (["--prompt", "x", "--top_p", "0"], "top_p"),
+    (["--prompt", "x", "--max_new_tokens", "0"], "max_new_tokens must be an int >= 1; got 0"),
+    (["--prompt", "x", "--truncate"], "--truncate cuts prompts to a task's input budget: it needs --task"),
+    (["--prompt", "x", "--output", "no/such/dir/out.jsonl"], "no/such/dir/out.jsonl"),
+    (["--prompt", "x", "--cache_dir", "/tmp/c"], "--cache_dir and --no_cache contradict each other"),
 ])
 def test_user_errors_are_one_line_naming_the_parameter(pair, capsys, extra, message):
   assert message in _error(_args(pair, *extra), capsys)
@@ -107,13 +112,16 @@ def test_debug_shows_the_traceback(pair):
     cli.run(generate.main, _args(pair, "--prompt", "", "--debug"), generate.PROG)
 
 
-def test_the_installed_command_exits_2_with_one_line_and_no_traceback():
+@pytest.mark.parametrize("extra, message", [(["--alpha", "1.5", "--rule", "opt", "--prompt", "x"], "alpha"),
+                                            # after the shipped models are found by name from another directory
+                                            (["--task", "debian_synopsis", "--prompt", "word " * 300], "longer")])
+def test_the_command_exits_2_with_one_line_and_no_traceback(extra, message, tmp_path):
   result = subprocess.run([sys.executable, "-m", "specdec.cli.generate", "--verifier", "debian_verifier",
-                           "--drafter", "debian_drafter", "--prompt", "x", "--alpha", "1.5", "--rule", "opt"],
-                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, cwd="/")
+                           "--drafter", "debian_drafter", "--no_cache", *extra],
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, cwd=tmp_path)
   assert result.returncode == 2
   assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr, result.stderr
-  assert "alpha" in result.stderr
+  assert message in result.stderr
 
 
 def test_a_prompt_samples_the_same_alone_and_as_the_second_line_of_a_file(pair, tmp_path):
@@ -155,10 +163,10 @@ def test_a_second_identical_call_takes_every_program_from_the_cache(pair, tmp_pa
 
 
 def test_console_scripts_and_shipped_files_are_found(monkeypatch, tmp_path):
-  setup = (REPO_ROOT / "setup.py").read_text()
-  assert 'f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train")' in setup
-  for name in ("generate", "sweep", "plot", "train"):
-    assert callable(__import__(f"specdec.cli.{name}", fromlist=["console"]).console)
+  installed = {e.name: e for e in importlib.metadata.entry_points(group="console_scripts") if e.name.startswith("specdec")}
+  assert sorted(installed) == ["specdec-generate", "specdec-plot", "specdec-sweep", "specdec-train"]
+  for name, entry in installed.items():
+    assert entry.value == f"specdec.cli.{name[len('specdec-'):]}:console" and callable(entry.load())
   assert shipped.find("debian_verifier", "data/models") == str(REPO_ROOT / "data" / "models" / "debian_verifier")
   assert shipped.find("no_such_model", "data/models") == "no_such_model"
   # An installed package finds them under <prefix>/share/specdec, or wherever $SPECDEC_ROOT says.

@@ -101,8 +101,8 @@ def _parser() -> argparse.ArgumentParser:
   out.add_argument("--output", metavar="FILE.jsonl", help="write one JSON object per prompt: prompt, text, "
                    "tokens, counters, ms_per_token")
   out.add_argument("--compare", action="store_true", help="also decode with the verifier alone; print the speed-up")
-  out.add_argument("--cache_dir", default=default_cache_dir(),
-                   help="the persistent compilation cache (default: %(default)s)")
+  out.add_argument("--cache_dir", help=f"the persistent compilation cache (default: {default_cache_dir()}; the "
+                   "first call of a process sets it for the process)")
   out.add_argument("--no_cache", action="store_true", help="do not read or write the compilation cache")
   params = parser.add_argument_group("method parameters", "each method takes the ones its entry in "
                                      "specdec.decoding.generate lists; the others are an error")
@@ -156,11 +156,12 @@ def row_ids(texts: Sequence[str]) -> np.ndarray:
   return np.array(ids, np.uint32)
 
 
-def _load(path: str, role: str):
+def _model_directory(path: str, role: str) -> str:
+  """A model directory given as a path (local or gs://…) or a shipped model's name."""
   found = shipped.find(path, os.path.join("data", "models"))
-  if not os.path.exists(found):
+  if "://" not in found and not os.path.exists(found):
     raise FileNotFoundError(f"--{role} {path}: no such model directory (nor a shipped model of that name)")
-  return load_model(found)
+  return found
 
 
 def _drafter(args: argparse.Namespace, method: decoding.Method):
@@ -171,12 +172,12 @@ def _drafter(args: argparse.Namespace, method: decoding.Method):
     return None
   if not args.drafter:
     raise ValueError(f"--method {method.name} needs --drafter DIR")
-  model = _load(args.drafter, "drafter")
+  model = load_model(_model_directory(args.drafter, "drafter"))
   if method.name != "specdec_pp":
     if args.head:
       raise ValueError(f"--head is used by --method specdec_pp only, not {method.name}")
     return model
-  head_dir = args.head or shipped.find(args.drafter, os.path.join("data", "models"))
+  head_dir = _model_directory(args.head or args.drafter, "head" if args.head else "drafter")
   if not os.path.isdir(os.path.join(head_dir, acceptance.HEAD_DIRECTORY)):
     raise FileNotFoundError(f"--method specdec_pp needs the drafter's acceptance head: {head_dir} holds no "
                             f"{acceptance.HEAD_DIRECTORY}/ (give --head DIR, or train one with "
@@ -186,9 +187,10 @@ def _drafter(args: argparse.Namespace, method: decoding.Method):
 
 def _decode(drafter, verifier, batches, *, method: str, params: dict[str, Any], settings: dict[str, Any]
             ) -> tuple[list[decoding.Output], list[float], float]:
-  """Every batch decoded: outputs, decode seconds per batch (compilation excluded), compile seconds."""
+  """Every batch decoded: outputs (real rows only), decode seconds per batch (compilation excluded), compile
+  seconds."""
   outputs, seconds, compile_seconds = [], [], 0.0
-  for prompts, lengths, ids in batches:
+  for prompts, lengths, ids, _ in batches:
     compiled_before, start = _compile_seconds[0], time.perf_counter()
     out = decoding.generate(jax.random.PRNGKey(settings["seed"]), drafter, verifier, prompts, lengths,
                             row_ids=ids, method=method, temperature=settings["temperature"],
@@ -196,7 +198,7 @@ def _decode(drafter, verifier, batches, *, method: str, params: dict[str, Any], 
                             max_new_tokens=settings["max_new_tokens"], eos_id=settings["eos_id"], **params)
     jax.block_until_ready(out)
     compiling = _compile_seconds[0] - compiled_before
-    outputs.append(out)
+    outputs.append(jax.tree.map(lambda x: np.asarray(x)[:batches[len(outputs)][3]], out))
     seconds.append(time.perf_counter() - start - compiling)
     compile_seconds += compiling
   return outputs, seconds, compile_seconds
@@ -210,29 +212,41 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   texts = _read_prompts(args)
   if args.batch_size < 1:
     raise ValueError(f"--batch_size must be >= 1; got {args.batch_size}")
-  if not args.no_cache:
-    jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+  if args.no_cache and args.cache_dir:
+    raise ValueError("--cache_dir and --no_cache contradict each other")
+  if args.truncate and (args.task is None or tasks.get_task(args.task).input_field is None):
+    raise ValueError("--truncate cuts prompts to a task's input budget: it needs --task with inputs "
+                     f"({', '.join(name for name, task in tasks.TASKS.items() if task.input_field)})")
+  output = open(args.output, "w", encoding="utf-8") if args.output else None   # a bad path fails before decoding
+  cache_dir = args.cache_dir or default_cache_dir()
+  if args.no_cache:
+    jax.config.update("jax_enable_compilation_cache", False)
+  else:
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
     # Every program, small ones too: a second identical call then compiles nothing.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   _count_compilations()
   cache_before = dict(_cache_counts)
   vocab = load_vocabulary(args.vocab)
-  verifier = _load(args.verifier, "verifier")
+  verifier = load_model(_model_directory(args.verifier, "verifier"))
   drafter = _drafter(args, method)
   if vocab.vocab_size > verifier.vocab_size:
     raise ValueError(f"--vocab has {vocab.vocab_size} pieces, more than the verifier's {verifier.vocab_size} "
                      "embeddings: it is not the models' vocabulary")
   encoder_decoder = hasattr(verifier, "prefill")
   settings = dict(seed=args.seed, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                  max_new_tokens=args.max_new_tokens or (tasks.get_task(args.task).max_target_tokens if args.task
-                                                         else 64),
+                  max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else
+                  tasks.get_task(args.task).max_target_tokens if args.task else 64,
                   eos_id=None if args.no_eos else vocab.eos_id)
-  # One width for every batch: one compiled program.
+  # One width and one batch size (the last batch padded with its final row) for all: one compiled program.
   prompts, lengths = tasks.prompt_batch(texts, task=args.task, vocab=vocab, encoder_decoder=encoder_decoder,
                                         truncate=args.truncate)
   ids = row_ids(texts)
-  batches = [(prompts[rows], lengths[rows], ids[rows])
-             for rows in (slice(start, start + args.batch_size) for start in range(0, len(texts), args.batch_size))]
+  batch_size = min(args.batch_size, len(texts))
+  batches = []
+  for start in range(0, len(texts), batch_size):
+    rows = np.minimum(np.arange(start, start + batch_size), len(texts) - 1)
+    batches.append((prompts[rows], lengths[rows], ids[rows], min(batch_size, len(texts) - start)))
   outputs, seconds, compile_seconds = _decode(drafter, verifier, batches, method=args.method, params=params,
                                               settings=settings)
   records = []
@@ -249,15 +263,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
       if counters["drafted"]:
         shown += f" acceptance={counters['accepted'] / counters['drafted']:.2f}"
       print(f"> {text}\n{record['text']}\n  [{shown}]", flush=True)
-  if args.output:
-    with open(args.output, "w", encoding="utf-8") as f:
+  if output is not None:
+    with output:
       for record in records:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        output.write(json.dumps(record, ensure_ascii=False) + "\n")
   n_tokens = sum(int(np.sum(out.lengths)) for out in outputs)
   decode_seconds = sum(seconds)
   cached = {name: _cache_counts[name] - cache_before[name] for name in _cache_counts}
-  cache = "" if args.no_cache else f" ({cached['hits']} of {cached['requests']} programs from the cache {args.cache_dir})"
-  print(f"{args.method}: {len(texts)} prompts, {n_tokens} new tokens; compile {compile_seconds:.1f} s{cache}, "
+  cache = "" if args.no_cache else f" ({cached['hits']} of {cached['requests']} programs from the cache {cache_dir})"
+  print(f"{args.method}: {len(texts)} prompt{'s' * (len(texts) > 1)}, {n_tokens} new tokens; compile {compile_seconds:.1f} s{cache}, "
         f"decode {decode_seconds:.2f} s: "
         f"{n_tokens / decode_seconds:.1f} tokens/s, {1000 * decode_seconds / max(n_tokens, 1):.1f} ms/token",
         flush=True)

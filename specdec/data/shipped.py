@@ -1,11 +1,14 @@
 """Where the shipped files are: `data/` (vocabulary, Debian sample, trained pair) and `configs/` of a
-checkout, or the copies `pip install .` puts under `<prefix>/share/specdec/` (setup.py's data_files).
+checkout, or the copies `pip install .` puts under `<prefix>/share/specdec/` (setup.py's data_files; the
+prefix of the environment, or the user base after `pip install --user`).
 $SPECDEC_ROOT, a folder holding `data/` and `configs/`, overrides both."""
 
 from __future__ import annotations
 
 import os
+import site
 import sys
+import sysconfig
 from pathlib import Path
 
 ENV = "SPECDEC_ROOT"
@@ -17,8 +20,9 @@ def root() -> Path:
   if os.environ.get(ENV):
     return Path(os.environ[ENV])
   checkout = Path(__file__).resolve().parents[2]
-  installed = Path(sys.prefix) / "share" / "specdec"
-  return next((place for place in (checkout, installed) if place.joinpath(*_MARKER).is_file()), checkout)
+  prefixes = (sys.prefix, sysconfig.get_path("data"), site.USER_BASE or "")
+  installed = [Path(prefix) / "share" / "specdec" for prefix in prefixes if prefix]
+  return next((place for place in (checkout, *installed) if place.joinpath(*_MARKER).is_file()), checkout)
 
 
 def path(*parts: str) -> Path:

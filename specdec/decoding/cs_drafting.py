@@ -264,6 +264,8 @@ def cs_drafter(model: Model, *, gamma: int, model_drafts: int | None = None, low
   Max-Gram the rest (a horizontal cascade; Max-Gram alone when model_drafts = 0). `grams`: the Max-Gram
   drafter to use at both places (default `MaxGram(V, gate=gate)`: no bigram table)."""
   model_drafts = gamma if model_drafts is None else model_drafts
+  if grams is not None and gate:
+    raise ValueError("give the gate to your MaxGram (MaxGram(V, gate=…)), not to cs_drafter with grams=")
   grams = MaxGram(model.vocab_size, gate=gate) if grams is None else grams
   if model_drafts == 0:
     return grams

@@ -79,7 +79,9 @@ class ModelSource:
   def directory(self) -> str | None:
     """`path` from the working directory, else from the shipped root (`shipped.find`: data/models/… of an
     installed package). The record keeps `path` as written."""
-    return None if self.path is None else os.path.abspath(shipped.find(self.path, ""))
+    if self.path is None or "://" in self.path:   # gs://… as it is
+      return self.path
+    return os.path.abspath(shipped.find(self.path, ""))
 
 
 @dataclasses.dataclass(frozen=True)

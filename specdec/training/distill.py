@@ -39,9 +39,10 @@ def generate(verifier, split: tasks.Tokenized, rows: np.ndarray, *, max_new_toke
     batch = order[start:start + batch_size]
     padded = np.concatenate([batch, np.full(batch_size - len(batch), batch[-1])])   # one shape per width
     prompt_width = -(-int(prompt_lengths[batch].max()) // 32) * 32
-    out = decoding.generate(jax.random.PRNGKey(seed + start), None, verifier, prompts[padded, :prompt_width],
+    # Row ids: a row's continuation depends on (seed, its row of the split), not on the batching.
+    out = decoding.generate(jax.random.PRNGKey(seed), None, verifier, prompts[padded, :prompt_width],
                             prompt_lengths[padded], method="autoregressive", temperature=temperature,
-                            max_new_tokens=max_new_tokens, eos_id=eos_id)
+                            max_new_tokens=max_new_tokens, eos_id=eos_id, row_ids=np.asarray(rows)[padded])
     new_tokens, new_lengths = np.asarray(out.tokens)[:len(batch)], np.asarray(out.lengths)[:len(batch)]
     for i, row in enumerate(batch):
       n_prompt = int(prompt_lengths[row])
