@@ -24,7 +24,7 @@ _SHARDED_FLAGS = "--xla_force_host_platform_device_count=8"
 
 def _run_group(files: str, env: dict[str, str]) -> tuple[str, int, str, float]:
   start = time.monotonic()
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", *files.split()], env=env,
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--durations=8", *files.split()], env=env,
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   return files, proc.returncode, proc.stdout, time.monotonic() - start
 
