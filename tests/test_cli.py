@@ -143,7 +143,7 @@ def test_a_prompt_samples_the_same_alone_and_as_the_second_line_of_a_file(pair, 
 
 
 def test_summary_and_compare_report_time_and_speed_up(pair, capsys):
-  generate.main(_args(pair, "--prompt", "hello", "--prompt", "world", "--gamma", "2", "--temperature", "0",
+  generate.main(_args(pair, "--prompt", "hello", "--prompt", "world", "--temperature", "0",
                       "--compare"))
   out = capsys.readouterr().out
   assert "speculative: 2 prompts," in out and " tokens/s, " in out and "compile " in out and "decode " in out
