@@ -26,7 +26,7 @@ Random-weight models (no `--task`; presets, the paper's LM1B sizes), batch size 
      calls and a verification as cheap as one step);
   2. small drafter, large verifier: α measured from the run's acceptance, c measured; prediction
      `theory.walltime_improvement(α, γ, c)` and the refined one with the measured costs.
-Random weights accept nearly every greedy draft (experiments/README.md): their speed-ups are not those of
+Random weights accept nearly every greedy draft (experiments/model_costs/README.md): their speed-ups are not those of
 a trained pair.
 
 Usage: python scripts/bench_decoding.py [--drafter 6m] [--verifier 97m] [--gamma 3 5] [--tokens 64]

@@ -1,6 +1,6 @@
 """Head to head with Hugging Face transformers: the same T5 weights, the same prompts, greedy, tokens/s.
 
-No trained T5 verifier exists (`data/models` holds decoder-only exports; the T5 pair of experiments/README.md,
+No trained T5 verifier exists (`data/models` holds decoder-only exports; the T5 pair of experiments/t5_pair/README.md,
 "Trained T5 pair", is not shipped and its verifier failed), so the weights are random T5 v1.1: a verifier of
 6 + 6 layers, d_model 512 (8 heads × 64, MLP 1024) over the shipped vocabulary's 8192 tokens, and a drafter
 cut from it (its first `--drafter-layers` decoder layers; embedding, encoder and head shared). Both are

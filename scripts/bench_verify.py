@@ -2,8 +2,9 @@
 
 Rows: S(·) at top-P ∈ {1, 0.9, 0.5}, every rule's target π = T(q, p), `verify_block`, and the whole
 block (S(q), S(p) + token_v3 + verify) in one jit and in two. With `--before REF` the implementations at
-git revision REF (sampling, targets and verify from `git show REF:specdec/...`) are timed in the same
-process, alternating with the current ones row by row, so that the two columns share the machine's load.
+git revision REF (_top_p, sampling, targets and verify from `git show REF:specdec/...`) are timed in the
+same process, alternating with the current ones row by row, so that the two columns share the machine's
+load.
 
 Usage: python scripts/bench_verify.py [--shapes 1,5,8192 8,8,32000] [--repeats 30] [--rounds 3] [--before REF]
 Prints the machine, the command and the ratios measured in this run.
@@ -28,23 +29,28 @@ from specdec import sampling, targets, verify
 from specdec.evaluation.timing import median_seconds
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
-_MODULES = ("sampling", "targets", "verify")  # in import order: targets and verify import sampling
+# In import order: sampling imports _top_p (a revision before it has none), targets and verify import sampling.
+_MODULES = ("_top_p", "sampling", "targets", "verify")
 TOP_PS = (1.0, 0.9, 0.5)
 PIPELINE_RULE = "token_v3"
 
 
 def load_revision(ref: str) -> types.SimpleNamespace:
-  """sampling, targets and verify as they are at git revision `ref`, loaded beside the current ones.
+  """_top_p, sampling, targets and verify as they are at git revision `ref`, loaded beside the current ones.
 
   Each file is executed with `specdec.<module>` pointing at the revision's modules loaded before it, so
-  the revision's targets and verify call the revision's sampling; the package is restored afterwards.
+  the revision's sampling calls the revision's _top_p and its targets and verify the revision's sampling;
+  the package is restored afterwards.
   """
   loaded = {}
   saved = {name: sys.modules[f"specdec.{name}"] for name in _MODULES}
   try:
     for name in _MODULES:
-      source = subprocess.run(["git", "show", f"{ref}:specdec/{name}.py"], cwd=_ROOT, check=True,
-                              capture_output=True, text=True).stdout
+      shown = subprocess.run(["git", "show", f"{ref}:specdec/{name}.py"], cwd=_ROOT, capture_output=True, text=True)
+      if shown.returncode and name == "_top_p":   # the revision's sampling holds the top-p search itself
+        continue
+      shown.check_returncode()
+      source = shown.stdout
       module = types.ModuleType(f"specdec.{name}@{ref}")
       sys.modules[module.__name__] = sys.modules[f"specdec.{name}"] = module  # dataclasses look it up
       setattr(specdec, name, module)

@@ -17,7 +17,7 @@ import sys
 import time
 
 from specdec import cli
-from specdec.evaluation import pareto, sweep
+from specdec.evaluation import grid, pareto, sweep
 
 DEFAULT_GIN = "configs/experiments/quickstart.gin"
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
   parser.add_argument("--gin_file", action="append", default=None, help=f"gin files (default {DEFAULT_GIN})")
   parser.add_argument("--gin_bindings", action="append", default=[], help="gin bindings, applied last")
   args = parser.parse_args(argv)
-  experiment = sweep.parse_gin(args.gin_file or [DEFAULT_GIN], args.gin_bindings)
+  experiment = grid.parse_gin(args.gin_file or [DEFAULT_GIN], args.gin_bindings)
   start = time.perf_counter()
   records = sweep.run(experiment)
   paths = pareto.report(experiment.output, os.path.dirname(experiment.output))

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import bench_verify  # noqa: E402  (load_revision)
-from specdec import sampling, targets, verify  # noqa: E402
+from specdec import _top_p, sampling, targets, verify  # noqa: E402
 from specdec.data import debian  # noqa: E402
 from specdec.data.vocab import load_vocabulary  # noqa: E402
 from specdec.evaluation.timing import median_seconds  # noqa: E402
@@ -50,8 +50,8 @@ def main() -> None:
       "one pass: jnp.sum": (lambda p: jnp.sum(p, -1), probs),
       "one pass: jnp.sum(jnp.where(p >= t, p, 0))": (lambda p: jnp.sum(jnp.where(p >= t, p, 0), -1), probs),
       "one pass: sampling.masked_sum(p, p >= t)": (lambda p: sampling.masked_sum(p, p >= t), probs),
-      "top-P search probe (sampling._probe)": (lambda p: sampling._probe(p, threshold), probs),
-      "top-P certificate sum (sampling._mass_from)": (lambda p: sampling._mass_from(p, threshold), probs),
+      "top-P search probe (_top_p.probe)": (lambda p: _top_p.probe(p, threshold), probs),
+      "top-P certificate sum (_top_p.mass_from)": (lambda p: _top_p.mass_from(p, threshold), probs),
       "S(.) at top-P 1 (sampling.transform)": (lambda x: sampling.transform(x, 1.0, 1.0), logits),
       "S(.) at top-P 0.9 (sampling.transform)": (lambda x: sampling.transform(x, 1.0, 0.9), logits),
       **{f"search pass over K={k} thresholds": (lambda p, k=k: thresholds_pass(p, threshold + jnp.arange(k)), probs)

@@ -11,16 +11,16 @@ import time
 
 import jax
 
-from specdec.evaluation import sweep
+from specdec.evaluation import grid, sweep
 
 task = sys.argv[1]
-experiment = sweep.parse_gin([f"configs/experiments/protocol_{task}_table2.gin"], ["Experiment.n_examples = 128"])
-timed = [p for p in sweep.expand_grid(experiment) if p.is_baseline
+experiment = grid.parse_gin([f"configs/experiments/protocol_{task}_table2.gin"], ["Experiment.n_examples = 128"])
+timed = [p for p in grid.expand_grid(experiment) if p.is_baseline
          or (p.family == "SpecCascade [OPT]" and p.alpha == 0.1) or (p.family == "BiLD*" and p.alpha == 3.0)]
 for size in [int(s) for s in sys.argv[2:]]:
   workload = sweep.load_workload(dataclasses.replace(experiment, batch_size=size))
   for point in timed:
-    sweep._decode(point, workload, jax.random.PRNGKey(0), sweep._batches(workload)[0], on_mesh=True)  # compile
+    sweep.decode_rows(point, workload, jax.random.PRNGKey(0), sweep.batches(workload)[0], on_mesh=True)  # compile
     start = time.perf_counter()
     sweep.quality(point, workload)
     print(f"batch {size:3d} {point.family:20s} {dict(point.params)}: {time.perf_counter() - start:6.1f} s "

@@ -31,7 +31,8 @@ import numpy as np
 
 from specdec import cli, decoding
 from specdec.data import load_vocabulary, shipped, tasks
-from specdec.training import acceptance, load_model
+from specdec.models.base import is_encoder_decoder
+from specdec.training import exports, load_model
 
 PROG = "specdec-generate"
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -172,17 +173,13 @@ def _drafter(args: argparse.Namespace, method: decoding.Method):
     return None
   if not args.drafter:
     raise ValueError(f"--method {method.name} needs --drafter DIR")
-  model = load_model(_model_directory(args.drafter, "drafter"))
-  if method.name != "specdec_pp":
-    if args.head:
-      raise ValueError(f"--head is used by --method specdec_pp only, not {method.name}")
-    return model
-  head_dir = _model_directory(args.head or args.drafter, "head" if args.head else "drafter")
-  if not os.path.isdir(os.path.join(head_dir, acceptance.HEAD_DIRECTORY)):
-    raise FileNotFoundError(f"--method specdec_pp needs the drafter's acceptance head: {head_dir} holds no "
-                            f"{acceptance.HEAD_DIRECTORY}/ (give --head DIR, or train one with "
-                            "scripts/train_acceptance_head.py)")
-  return decoding.ModelDrafter(model, head=acceptance.load_head(head_dir))
+  if args.head and not method.export_parts:
+    users = [m.name for m in decoding.METHODS.values() if m.export_parts]
+    raise ValueError(f"--head is used by --method {' or '.join(users)} only, not {method.name}")
+  directory = _model_directory(args.drafter, "drafter")
+  parts = exports.load_parts(_model_directory(args.head, "head") if args.head else directory, method.export_parts,
+                             user=f"--method {method.name}", option="--head DIR")
+  return exports.drafter_for(method, load_model(directory), parts)
 
 
 def _decode(drafter, verifier, batches, *, method: str, params: dict[str, Any], settings: dict[str, Any]
@@ -233,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   if vocab.vocab_size > verifier.vocab_size:
     raise ValueError(f"--vocab has {vocab.vocab_size} pieces, more than the verifier's {verifier.vocab_size} "
                      "embeddings: it is not the models' vocabulary")
-  encoder_decoder = hasattr(verifier, "prefill")
+  encoder_decoder = is_encoder_decoder(verifier)
   settings = dict(seed=args.seed, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                   max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else
                   tasks.get_task(args.task).max_target_tokens if args.task else 64,

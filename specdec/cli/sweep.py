@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 
 from specdec import cli
-from specdec.evaluation import sweep
+from specdec.evaluation import grid, sweep
 
 PROG = "specdec-sweep"
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
   args = parser.parse_args(argv)
   if args.multihost:
     jax.distributed.initialize()
-  experiment = sweep.parse_gin(args.gin_file, args.gin_bindings)
+  experiment = grid.parse_gin(args.gin_file, args.gin_bindings)
   records = sweep.run(experiment)
   print(f"{len(records)} points in {experiment.output}")
   return records

@@ -341,7 +341,7 @@ def build_en_de(english: dict[str, Description], german: dict[str, Description],
 
 def build(dataset: str, apt_dir: str | os.PathLike = DEFAULT_APT_DIR) -> dict[str, list[dict]]:
   """All splits of one dataset, built from the apt lists in `apt_dir`."""
-  _check_choice("dataset", dataset, DATASETS)
+  check_choice("dataset", dataset, DATASETS)
   files = list_files(apt_dir)
   needed = ["en", "de"] if dataset == "debian_en_de" else ["en"]
   missing = [f"Translation-{language}" for language in needed if not files[language]]
@@ -382,7 +382,8 @@ def jsonl_path(root: str | os.PathLike, dataset: str, split: str) -> Path:
   return Path(root) / dataset / f"{split}.jsonl.gz"
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+  """Raises ValueError naming `name` and the `choices` when `value` is not one of them."""
   if value not in choices:
     raise ValueError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
 
@@ -404,14 +405,14 @@ def load(dataset: str, split: str, *, source: str | os.PathLike = "auto",
   """Records of one dataset split.
 
   `dataset` in `DATASETS`, `split` in `SPLITS`. `source`: 'apt' builds from the lists in `apt_dir` (a
-  full build takes seconds; it is cached per process); 'sample' reads the small sample shipped in
+  full build is cached per process); 'sample' reads the small sample shipped in
   data/debian/; 'auto' is 'apt' when the lists are there and otherwise the sample, with a warning; any
   other value is a directory of `<dataset>/<split>.jsonl.gz` files, e.g. a full build written by
   `scripts/make_debian_sample.py --full`. Records: debian_synopsis {package, document, summary};
   debian_en_de {package, en, de, unit in 'synopsis' | 'paragraph' | 'sentence'}; debian_lm {package, text}.
   """
-  _check_choice("dataset", dataset, DATASETS)
-  _check_choice("split", split, SPLITS)
+  check_choice("dataset", dataset, DATASETS)
+  check_choice("split", split, SPLITS)
   if source in ("apt", "auto"):
     try:
       records = _build_cached(dataset, str(apt_dir), _stamp(apt_dir))[split]

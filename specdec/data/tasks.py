@@ -276,7 +276,7 @@ def tokenized(task: str, split: str, *, source: str | os.PathLike = "auto", voca
   target; the seq2seq tasks are the same either way. `encoder_decoder=True` gives T5's prompts (the encoder
   inputs, no separator; `encode_example`).
   """
-  debian._check_choice("split", split, debian.SPLITS)
+  debian.check_choice("split", split, debian.SPLITS)
   uses_lm_prompt = get_task(task).input_field is None and training
   return _tokenized(task, split, str(source), vocab_path, None if cache_dir is None else str(cache_dir),
                     uses_lm_prompt, encoder_decoder)

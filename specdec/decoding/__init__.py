@@ -1,8 +1,9 @@
 """Decode loops (layer 3) and their public entry point `generate`.
 
-Every method is one entry of `methods.METHODS` (its parameters and ranges, its drafter, its cache slack,
-its decode function); every loop runs on `common.decode_loop`, batched with ragged per-row progress, and
-sees models only through `specdec.models.base` and drafters through `drafters.Drafter`. `generate` checks
+Every method is one entry of `methods.METHODS` (its parameters and ranges, its drafter, its cache
+overhang, its decode function), registered next to its decode function; every loop runs on
+`common.decode_loop`, batched with ragged per-row progress, and sees models only through
+`specdec.models.base` and drafters through `drafters.Drafter`. `generate` checks
 its arguments on the host, then runs a jitted loop whose sweep parameters (α, temperature, top_p, …: the
 traced ones) are arguments: a sweep compiles once per (method, static parameters, shapes).
 """
@@ -18,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import checks, rng
+# Importing a method's module registers it (`methods.register`); this order is the order of `METHODS`.
+from specdec.decoding import autoregressive, speculative, cascades, cs_drafting, multi_draft  # noqa: F401
 from specdec.decoding import common, methods
 from specdec.decoding.common import Output, Stats
 from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
@@ -34,8 +37,8 @@ Array = jax.Array
 DEFAULT_EOS_ID = 1
 
 __all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "HorizontalCascade", "METHODS", "MaxGram", "Method", "ModelDrafter",
-           "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "cs_drafter", "generate",
-           "lower", "register"]
+           "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "cache_length", "cs_drafter",
+           "generate", "lower", "register"]
 
 
 def _int(name: str, value: Any, lo: int) -> int:
@@ -46,7 +49,7 @@ def _int(name: str, value: Any, lo: int) -> int:
 
 def _prompt_arrays(prompts: Any, prompt_lengths: Any) -> tuple[np.ndarray, np.ndarray]:
   """prompts [B, L] and prompt_lengths [B] as int32 arrays, or a ValueError saying what is wrong."""
-  if not hasattr(prompts, "shape") or not hasattr(prompts, "dtype"):
+  if not isinstance(prompts, (np.ndarray, jax.Array)):
     raise ValueError(f"prompts must be an integer array [B, L] (np.asarray a list of token lists, or use "
                      f"specdec.data.tasks.prompt_batch for texts); got {type(prompts).__name__}")
   if np.ndim(prompts) != 2:
@@ -82,10 +85,13 @@ def _sampling(sampling: Sampling | None, temperature, top_p, top_k) -> Sampling:
   return sampling.checked()
 
 
-def cache_length_for(prompt_positions: int, max_new_tokens: int, slack: int) -> int:
+def cache_length(method: Method, params: dict[str, Any], models: list[Model | Drafter], prompt_width: int,
+                 max_new_tokens: int, drafter: Drafter | None = None) -> int:
   """Cache positions a run needs: the padded prompt's (`base.prompt_cache_positions`: its width, 1 for an
-  encoder-decoder), the new tokens, and the method's slack (`Method.slack`: one block's overshoot)."""
-  return prompt_positions + max_new_tokens + slack
+  encoder-decoder), the new tokens, the method's overhang (`Method.cache_overhang`: one step's writes
+  beyond them) and the drafter's (`Drafter.cache_overhang`: a cascade's review call). `params`: resolved."""
+  overhang = method.cache_overhang(params) + (drafter.cache_overhang if drafter is not None else 0)
+  return max(base.prompt_cache_positions(m, prompt_width) for m in models) + max_new_tokens + overhang
 
 
 def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts: Array,
@@ -95,31 +101,8 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
              **params: Any) -> Output:
   """Decodes a batch of prompts [B, L] (row b's prompt is prompts[b, :prompt_lengths[b]]; None: all of L).
 
-  method (`methods.METHODS`; its parameters as keyword arguments, defaults in brackets):
-    autoregressive  the verifier alone (the latency baseline; pass the drafter as `verifier` to run the
-                    small model alone); drafter may be None.
-    speculative     rule ['spec'], alpha [0], gamma [5]: γ drafts, one verifier call scoring γ+1
-                    positions, Alg. 4 with π = T(q, p) of `rule` (spec: SpecDecode; lossy / lossy_tuned:
-                    SpecDecode [Lossy]; bild: BiLD*; cascade and token rules: SpecCascade). Greedy lossy
-                    (Leviathan) is token_v3 at temperature 0.
-    token_cascade   rule ['chow' | 'chow_log'], alpha: TokenCascade (Alg. 2, ≤ 10 drafter tokens per
-                    verifier call).
-    seq_cascade     alpha: SeqCascade [Chow] (eq. 1).
-    oracle_cascade  rule, alpha: OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff]).
-    bild            alpha, fallback_alpha [0.5], gamma: the original BiLD: fallback while max q ≥
-                    1 − fallback_alpha, at most γ drafts, deterministic rollback where D(q, p) > alpha.
-    cs_drafting     gamma, model_drafts [None: γ], lower_gamma [4], lenience [1], gate [0]: lossless
-                    SpecDecode with CS Drafting's drafter (`cs_drafting.cs_drafter`): the model, itself
-                    drafted by Max-Gram (lower_gamma per call, 0: alone) under lenience ≥ 1, for the first
-                    model_drafts positions of a block, Max-Gram for the rest (0: Max-Gram alone); Max-Gram
-                    drafts only on suffix matches of ≥ gate tokens (0: always).
-    specdec_pp      stop_threshold [0.5], max_gamma [8]: SpecDec++ (lossless): the drafter, a
-                    `ModelDrafter(model, head=…)`, stops a block once its acceptance head predicts
-                    P(some draft rejected) > stop_threshold.
-    spectr          num_drafts [4], gamma [5]: SpecTr (lossless): K i.i.d. drafts of γ tokens, their token
-                    tree scored in one verifier call, DraftSelection with K-SEQ (`multi_draft`).
-    specinfer       num_drafts [4], gamma [5]: the same block verified by SpecInfer's iterative
-                    speculative sampling over the tree.
+  method (`methods.METHODS`, docs/methods.md; its parameters as keyword arguments, defaults in brackets):
+{methods}
   Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
   temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild). Rows
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).
@@ -164,29 +147,30 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
     eos_id = _int("eos_id", eos_id, 0)
   prompts, prompt_lengths = _prompt_arrays(prompts, prompt_lengths)
   row_ids = _row_ids(row_ids, prompts.shape[0])
+  # The drafter, resolved once: None, a model (the method reads its distribution) or a `Drafter`.
   if spec.drafter == "none":
     drafter = None
   elif drafter is None:
     raise ValueError(f"method {method!r} needs a drafter")
   elif spec.drafter == "model":
     drafter = drafter.model if isinstance(drafter, ModelDrafter) else drafter
-    if not hasattr(drafter, "score"):
+    if isinstance(drafter, Drafter):
       raise ValueError(f"method {method!r} needs the drafter's distribution at every step: pass a model, "
                        f"not a {type(drafter).__name__}")
   else:
     drafter = as_drafter(drafter)
-  common.check_models(drafter.model if isinstance(drafter, ModelDrafter) else drafter, verifier)
-  models = [verifier] if drafter is None else [drafter, verifier]
-  # A cascade drafter writes beyond the block (`VerticalCascade.slack`).
-  cache_length = cache_length_for(max(base.prompt_cache_positions(getattr(m, "model", m), prompts.shape[1])
-                                      for m in models), max_new_tokens,
-                                  spec.slack(params) + getattr(drafter, "slack", 0))
-  common.check_prompts(prompts, prompt_lengths, cache_length, models)
+  common.check_models(drafter, verifier)
+  pair = [verifier] if drafter is None else [drafter, verifier]
+  # How many cache positions a prompt takes is the networks' business (an encoder-decoder's: one).
+  networks = [m.model if isinstance(m, ModelDrafter) else m for m in pair]
+  positions = cache_length(spec, params, networks, prompts.shape[1], max_new_tokens,
+                           drafter if isinstance(drafter, Drafter) else None)
+  common.check_prompts(prompts, prompt_lengths, positions, pair)
   traced = {name: jnp.float32(value) for name, value in spec.traced(params).items()}
   args = (drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), row_ids,
           sampling, traced)
   return args, dict(method=method, static=tuple(sorted(spec.static(params).items())),
-                    max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
+                    max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=positions,
                     mesh=partitioning.mesh_of((verifier, prompts)))
 
 
@@ -199,3 +183,7 @@ def _generate(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling
     return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths, sampling=sampling,
                                   max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
                                   **traced, **dict(static))
+
+
+# The method list of `generate`'s docstring, from the registry.
+generate.__doc__ = generate.__doc__.replace("{methods}", methods.describe(indent=4))

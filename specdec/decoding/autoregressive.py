@@ -9,6 +9,7 @@ from flax import struct
 from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec.decoding import common
+from specdec.decoding.methods import Method, register
 from specdec.models.base import Cache, Model, prefill
 
 Array = jax.Array
@@ -49,5 +50,13 @@ def autoregressive(key: Array, model: Model, prompts: Array, prompt_lengths: Arr
 
   start = _State(key=key, cache=cache, last=last, log_confidence=jnp.zeros((batch,), jnp.float32))
   output, end = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                   slack=1, active=active)
+                                   active=active)
   return (output, end.log_confidence) if with_log_confidence else output
+
+
+register(Method(
+    "autoregressive", drafter="none",
+    decode=lambda key, drafter, verifier, prompts, prompt_lengths, **kw: autoregressive(
+        key, verifier, prompts, prompt_lengths, **kw),
+    summary="the verifier alone (the latency baseline; pass the drafter as `verifier` to run the small model "
+            "alone); drafter may be None"))

@@ -12,10 +12,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec import sampling as sampling_lib
-from specdec import rng, targets, verify
+from specdec import checks, rng, targets, verify
 from specdec.decoding import common
 from specdec.decoding.autoregressive import autoregressive
 from specdec.decoding.drafters import ModelDrafter
+from specdec.decoding.methods import ALPHA, RULE, Method, Param, register
 from specdec.decoding.speculative import PairState
 from specdec.models.base import Model, rollback
 
@@ -63,8 +64,7 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
         counters=dict(drafter_calls=1, verifier_calls=1, verifier_positions=1), deferred=deferred[:, None])
 
   start = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
-  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                 slack=1)
+  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id)
   return output
 
 
@@ -126,11 +126,10 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
                                       deferred=defers[:, None])
 
   pair = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
-  start = _CascadeState(**{f.name: getattr(pair, f.name) for f in dataclasses.fields(pair)},
+  start = _CascadeState(**vars(pair),
                         pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
                         n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
-  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                 slack=1)
+  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id)
   return output
 
 
@@ -168,3 +167,24 @@ def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
                                 deferred=jnp.where(defers, verified.lengths, 0), generated=lengths)
   return common.Output(tokens=tokens, lengths=lengths, stats=stats,
                        failed=drafted.failed | (defers & verified.failed))
+
+
+def _check_chow_rule(rule, params) -> None:
+  if rule not in ("chow", "chow_log"):
+    raise ValueError(f"rule must be chow or chow_log for token_cascade (it defers on q alone, before the "
+                     f"verifier runs); got {rule!r}")
+
+
+register(Method(
+    "seq_cascade", decode=seq_cascade, drafter="model", summary="SeqCascade [Chow] (eq. 1)",
+    params=(Param("alpha", 0.0, traced=True, help=ALPHA.help,
+                  check=lambda alpha, params: checks.check_range("alpha (seq_cascade)", alpha, 0.0, 1.0,
+                                                                 hi_closed=False)),)))
+register(Method(
+    "token_cascade", decode=token_cascade, drafter="model", cache_overhang=lambda p: MAX_DRAFTER_RUN + 2,
+    summary=f"TokenCascade (Alg. 2, ≤ {MAX_DRAFTER_RUN} drafter tokens per verifier call)",
+    params=(dataclasses.replace(RULE, default="chow", check=_check_chow_rule,
+                                help="chow or chow_log (defers on q alone)"), ALPHA)))
+register(Method(
+    "oracle_cascade", decode=oracle_cascade, drafter="model",
+    summary="OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff])", params=(RULE, ALPHA)))

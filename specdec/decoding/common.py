@@ -22,7 +22,8 @@ import numpy as np
 from flax import struct
 
 from specdec import checks
-from specdec.models.base import Model
+from specdec.decoding.drafters import Drafter, ModelDrafter
+from specdec.models.base import Model, is_encoder_decoder
 
 Array = jax.Array
 
@@ -70,7 +71,8 @@ class Stats:
 
   def add(self, active: Array, **increments: Array | int) -> "Stats":
     """Adds increments (scalars or [B]) to the rows where `active` [B] holds."""
-    return self.replace(**{name: getattr(self, name) + jnp.where(active, inc, 0).astype(jnp.int32)
+    counts = vars(self)
+    return self.replace(**{name: counts[name] + jnp.where(active, inc, 0).astype(jnp.int32)
                            for name, inc in increments.items()})
 
 
@@ -86,15 +88,15 @@ class Output:
 
 @struct.dataclass
 class Emitted:
-  """Generated tokens so far: a buffer [B, N + slack] (slack absorbs a block's overshoot), counts, done."""
+  """Generated tokens so far: a buffer [B, N], counts, done (`emit` drops what a step emits beyond N)."""
   tokens: Array
   n_generated: Array
   done: Array
   failed: Array
 
   @classmethod
-  def empty(cls, batch_size: int, max_new_tokens: int, slack: int) -> "Emitted":
-    return cls(tokens=jnp.zeros((batch_size, max_new_tokens + slack), jnp.int32),
+  def empty(cls, batch_size: int, max_new_tokens: int) -> "Emitted":
+    return cls(tokens=jnp.zeros((batch_size, max_new_tokens), jnp.int32),
                n_generated=jnp.zeros((batch_size,), jnp.int32),
                done=jnp.zeros((batch_size,), bool), failed=jnp.zeros((batch_size,), bool))
 
@@ -110,12 +112,11 @@ class Emission:
 
 
 def decode_loop(state: Any, step: Callable[[Any, Array], tuple[Any, Emission]], *, batch_size: int,
-                max_new_tokens: int, eos_id: int | None, slack: int, active: Array | None = None
+                max_new_tokens: int, eos_id: int | None, active: Array | None = None
                 ) -> tuple[Output, Any]:
   """Runs `step` until every row has emitted EOS or max_new_tokens tokens (or failed); rows where
-  `active` [B] is False emit nothing. `slack` ≥ the most tokens one step emits. Returns the output and
-  the method's final state."""
-  emitted = Emitted.empty(batch_size, max_new_tokens, slack)
+  `active` [B] is False emit nothing. Returns the output and the method's final state."""
+  emitted = Emitted.empty(batch_size, max_new_tokens)
   if active is not None:
     emitted = emitted.replace(done=~active)
 
@@ -134,7 +135,7 @@ def decode_loop(state: Any, step: Callable[[Any, Array], tuple[Any, Emission]], 
 
   carry = (state, emitted, Stats.zeros(batch_size))
   state, emitted, stats = jax.lax.while_loop(lambda c: jnp.any(~c[1].done), body, carry)
-  return finish(emitted, stats, max_new_tokens), state
+  return finish(emitted, stats), state
 
 
 def emit(emitted: Emitted, block: Array, count: Array, *, max_new_tokens: int, eos_id: int | None,
@@ -179,7 +180,7 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w). A token tree
   (`positions` [B, n], `tree_mask` [B, n, n]) is cut to its first w nodes the same way.
 
-  A call's cost grows with its width on the CPU (scoring 11 tokens costs ~2× one), so there loops that
+  A call's cost grows with its width on the CPU (experiments/model_costs/README.md), so there loops that
   score a variable number of tokens per call pick the width at run time with `lax.switch` instead of
   always paying for the maximum; elsewhere (`narrow_calls`) every call takes the full width.
   """
@@ -217,17 +218,20 @@ def _sizes(widths: tuple[int, ...], full: int) -> list[int]:
   return sorted({w for w in widths if w < full} | {full})
 
 
-def finish(emitted: Emitted, stats: Stats, max_new_tokens: int) -> Output:
-  return Output(tokens=emitted.tokens[:, :max_new_tokens], lengths=emitted.n_generated, stats=stats,
+def finish(emitted: Emitted, stats: Stats) -> Output:
+  return Output(tokens=emitted.tokens, lengths=emitted.n_generated, stats=stats,
                 failed=emitted.failed)
 
 
-def check_models(drafter: Model | None, verifier: Model) -> None:
+def check_models(drafter: Model | Drafter | None, verifier: Model) -> None:
+  """The same vocabulary; for a model drafter, the prompt read the same way (both decoder-only or both
+  encoder-decoder)."""
   if drafter is not None and drafter.vocab_size != verifier.vocab_size:
     raise ValueError(f"drafter and verifier vocabularies differ: drafter vocab_size={drafter.vocab_size}, "
                      f"verifier vocab_size={verifier.vocab_size}")
+  model = drafter.model if isinstance(drafter, ModelDrafter) else drafter
   # The loops commit both caches to the verifier's lengths: both must hold the same positions.
-  if drafter is not None and hasattr(drafter, "prefill") != hasattr(verifier, "prefill"):
+  if model is not None and not isinstance(model, Drafter) and is_encoder_decoder(model) != is_encoder_decoder(verifier):
     raise ValueError("drafter and verifier must both be decoder-only or both encoder-decoder models: "
                      "one reads the prompt as its decoder prefix, the other as its encoder input")
 
@@ -244,5 +248,5 @@ def check_prompts(prompts, prompt_lengths, cache_length: int, models: list[Model
     if cache_length > model.max_length:
       raise ValueError(
           f"prompt (padded to {width}; for an encoder-decoder only its start token) + max_new_tokens + block "
-          f"slack needs {cache_length} cache positions, more than the model's max_length={model.max_length}; "
+          f"overhang needs {cache_length} cache positions, more than the model's max_length={model.max_length}; "
           "shorten the prompt or max_new_tokens")

@@ -29,6 +29,7 @@ from specdec import checks, rng, targets, verify
 from specdec import sampling as sampling_lib
 from specdec.decoding import common, speculative
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, observe_chunk
+from specdec.decoding.methods import GAMMA, Method, Param, register
 from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
@@ -54,7 +55,7 @@ class _ReviewCarry:
 
 
 @struct.dataclass
-class VerticalCascade:
+class VerticalCascade(Drafter):
   """CSD's vertical cascade (Alg. 1, one level): `upper` (a model) generates by speculative decoding with
   `lower` (any `Drafter`) as its drafter, reviewing `lower_gamma` lower drafts per call under lenience l:
   a lower draft x is kept with probability min(1, l·p_u(x)/q_l(x)), else replaced from the residual.
@@ -62,7 +63,7 @@ class VerticalCascade:
   law it gives each draft is reported as q, so the verifier above stays exact (module docstring).
   """
   upper: Model
-  lower: Any
+  lower: Drafter
   lower_gamma: int = struct.field(pytree_node=False, default=4)
   lenience: Array | float = 1.0
 
@@ -79,12 +80,12 @@ class VerticalCascade:
 
   @property
   def max_length(self) -> int:
-    return min(self.upper.max_length, getattr(self.lower, "max_length", self.upper.max_length))
+    return min(self.upper.max_length, self.lower.max_length)
 
   @property
-  def slack(self) -> int:
+  def cache_overhang(self) -> int:
     """Cache positions written beyond the block: a review call reaches lower_gamma + 1 past it."""
-    return self.lower_gamma + 1 + getattr(self.lower, "slack", 0)
+    return self.lower_gamma + 1 + self.lower.cache_overhang
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[VerticalState, Array]:
     last, upper = prefill(self.upper, self.upper.init_cache(prompts.shape[0], cache_length), prompts,
@@ -159,14 +160,14 @@ class HorizontalState:
 
 
 @struct.dataclass
-class HorizontalCascade:
+class HorizontalCascade(Drafter):
   """CSD's horizontal cascade (Alg. 1's for loop): stages[i] drafts limits[i] positions of each block in
   turn, the last stage the rest. A stage that did not see the tokens drafted by the others (or accepted
   from them) reads them first (`observe`, one call for a model), so every stage drafts from the true
   prefix. Stages must implement `observe(state, tokens [B, W], counts [B])` (models, Max-Gram and vertical
   cascades do).
   """
-  stages: tuple
+  stages: tuple[Drafter, ...]
   limits: tuple = struct.field(pytree_node=False, default=())
 
   def __post_init__(self):
@@ -178,12 +179,12 @@ class HorizontalCascade:
     vocabs = {stage.vocab_size for stage in self.stages}
     if len(vocabs) != 1:
       raise ValueError(f"HorizontalCascade stages have different vocabularies: {sorted(vocabs)}")
-    if any(getattr(stage, "variable_length", False) for stage in self.stages[:-1]):
+    if any(stage.variable_length for stage in self.stages[:-1]):
       raise ValueError("only the last stage of a HorizontalCascade may draft a variable number of tokens")
 
   @property
   def variable_length(self) -> bool:
-    return getattr(self.stages[-1], "variable_length", False)
+    return self.stages[-1].variable_length
 
   @property
   def vocab_size(self) -> int:
@@ -191,11 +192,11 @@ class HorizontalCascade:
 
   @property
   def max_length(self) -> int:
-    return min(getattr(stage, "max_length", 1 << 30) for stage in self.stages)
+    return min(stage.max_length for stage in self.stages)
 
   @property
-  def slack(self) -> int:
-    return max(getattr(stage, "slack", 0) for stage in self.stages)
+  def cache_overhang(self) -> int:
+    return max(stage.cache_overhang for stage in self.stages)
 
   def allotment(self, max_drafts: int) -> list[int]:
     """Drafts per stage in a block of `max_drafts` (the last stage takes what the limits leave)."""
@@ -284,3 +285,38 @@ def cs_drafting(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   return speculative.speculative(key, cascade, verifier, prompts, prompt_lengths, sampling=sampling, rule="spec",
                                  alpha=0.0, gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
                                  cache_length=cache_length)
+
+
+def _check_model_drafts(value, params) -> None:
+  if value is not None:
+    checks.check_count("model_drafts (positions of a block the model drafts; None: all gamma)", value, 0,
+                       params["gamma"])
+
+
+def _uses_max_gram(params) -> bool:
+  model_drafts = params["gamma"] if params["model_drafts"] is None else params["model_drafts"]
+  return model_drafts < params["gamma"] or params["lower_gamma"] > 0
+
+
+register(Method(
+    "cs_drafting", decode=cs_drafting, drafter="model", cache_overhang=lambda p: p["gamma"] + p["lower_gamma"] + 2,
+    summary="lossless SpecDecode with CS Drafting's drafter (`cs_drafter`): the model, itself drafted by "
+            "Max-Gram (lower_gamma per call, 0: alone) under lenience ≥ 1, for the first model_drafts "
+            "positions of a block, Max-Gram for the rest (0: Max-Gram alone); Max-Gram drafts only on suffix "
+            "matches of ≥ gate tokens (0: always)",
+    params=(
+        GAMMA,
+        Param("model_drafts", None, traced=False, check=_check_model_drafts, type=int,
+              help="positions of a block the model drafts, in [0, gamma] (default: all gamma; 0: Max-Gram alone)"),
+        Param("lower_gamma", 4, traced=False, used=lambda p: p["model_drafts"] != 0,
+              check=lambda value, params: checks.check_count("lower_gamma (Max-Gram drafts per model call; 0: "
+                                                             "the model drafts alone)", value, 0),
+              help="Max-Gram drafts per model call, an int >= 0 (0: the model drafts alone)"),
+        Param("lenience", 1.0, traced=True, used=lambda p: p["model_drafts"] != 0 and p["lower_gamma"] > 0,
+              check=lambda value, params: checks.check_range("lenience", value, 1.0, math.inf, hi_closed=False),
+              help="the model's lenience reviewing Max-Gram's drafts, >= 1 (1: exact)"),
+        Param("gate", 0, traced=False, used=lambda p: p["gate"] != 0 and _uses_max_gram(p),
+              check=lambda value, params: checks.check_count("gate (shortest suffix match Max-Gram drafts on)",
+                                                             value, 0, MaxGram.max_match),
+              help=f"Max-Gram drafts only where the text's longest suffix match is >= gate tokens, in "
+                   f"[0, {MaxGram.max_match}] (0: always)"))))

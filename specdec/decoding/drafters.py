@@ -25,7 +25,7 @@ Drafters that can join a horizontal cascade also read tokens without drafting:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -55,24 +55,43 @@ class Draft:
   pending: Array | None = None
 
 
-class Drafter(Protocol):
-  """What speculative methods need from whatever proposes drafts (module docstring)."""
+class Drafter:
+  """What speculative methods need from whatever proposes drafts (module docstring). A subclass (a
+  `flax.struct.dataclass`) implements `vocab_size`, `start`, `propose` and `rollback`; the other members
+  have defaults that a drafter overrides where it differs."""
 
-  @property
-  def vocab_size(self) -> int: ...
+  # Whether rows may draft fewer than max_drafts tokens in a block (`Draft.n_drafted`): the verifier then
+  # scores only the longest row's block.
+  variable_length: bool = False
+  # Cache positions the drafter writes beyond the verified block (a vertical cascade's review call).
+  cache_overhang: int = 0
+  # The longest cache it supports (a model's max_length; a drafter without a network: any).
+  max_length: int = 1 << 30
+
+  vocab_size: int
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Any, Array]:
     """The state after reading the prompts, and each row's last prompt token [B] (not yet consumed)."""
-    ...
+    raise NotImplementedError
 
   def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
               keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
     """Up to `max_drafts` drafts after `last` [B]; `keep_drafting(q_raw_j) -> [B]` may stop rows early."""
-    ...
+    raise NotImplementedError
 
   def rollback(self, state: Any, lengths: Array) -> Any:
     """The state holding only the first lengths[b] committed positions of each row."""
-    ...
+    raise NotImplementedError
+
+  def observe(self, state: Any, tokens: Array, counts: Array) -> Any:
+    """The state after reading tokens[b, :counts[b]] [B, W] drafted by others (a horizontal cascade)."""
+    raise NotImplementedError(f"{type(self).__name__} cannot read tokens it did not draft, so it cannot be a "
+                              "HorizontalCascade stage")
+
+  def catch_up(self, draft: Draft, rows: Array, sampling: sampling_lib.Sampling) -> Draft:
+    """`draft` with its `pending` last drafts scored for `rows` [B]; a drafter that leaves none pending
+    returns it as it is."""
+    return draft
 
 
 @struct.dataclass
@@ -89,7 +108,7 @@ class _DraftCarry:
 
 
 @struct.dataclass
-class ModelDrafter:
+class ModelDrafter(Drafter):
   """A model drafting one token per call, x_{j+1} ~ S(q_j) (its KV cache is the drafter state).
 
   With an acceptance `head` (SpecDec++, `models.acceptance_head`) it drafts a variable number of tokens:
@@ -203,7 +222,7 @@ class ModelDrafter:
 
 def as_drafter(drafter: Model | Drafter) -> Drafter:
   """A `Drafter` as is; a model wrapped in a `ModelDrafter`."""
-  return drafter if hasattr(drafter, "propose") else ModelDrafter(drafter)
+  return drafter if isinstance(drafter, Drafter) else ModelDrafter(drafter)
 
 
 @struct.dataclass
@@ -215,7 +234,7 @@ class MaxGramState:
 
 
 @struct.dataclass
-class MaxGram:
+class MaxGram(Drafter):
   """CS Drafting's Max-Gram drafter: continues the longest match of the current suffix found earlier in
   the row's own prompt and output (copying is frequent: a synopsis reuses words of its description, a
   translation keeps package names, paths and code). A deterministic drafter: q is one-hot on its proposal,
@@ -234,7 +253,6 @@ class MaxGram:
   min_match: int = struct.field(pytree_node=False, default=1)
   max_match: int = struct.field(pytree_node=False, default=8)
   bigram: Array | None = None
-  max_length: int = struct.field(pytree_node=False, default=1 << 30)   # no network: any cache length
   gate: int = struct.field(pytree_node=False, default=0)
 
   def __post_init__(self):

@@ -27,15 +27,16 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec import rng
+from specdec import checks, rng
 from specdec import sampling as sampling_lib
 from specdec import spectr as spectr_lib
 from specdec import tree as tree_lib
 from specdec import verify
 from specdec.decoding import common
-from specdec.decoding.drafters import Draft, ModelDrafter
+from specdec.decoding.drafters import Draft, Drafter, ModelDrafter
+from specdec.decoding.methods import GAMMA, Method, Param, register
 from specdec.decoding.speculative import PairState, commit
-from specdec.models.base import Cache, Model, rollback
+from specdec.models.base import Cache, Model, rollback, scores_trees
 
 Array = jax.Array
 
@@ -53,9 +54,10 @@ class DraftSet:
 
 
 @struct.dataclass
-class IIDDrafts:
+class IIDDrafts(Drafter):
   """K i.i.d. drafts from one model: its cache rows are replicated K times (row b·K + k is copy k of row b,
-  as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently."""
+  as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently. A `Drafter`
+  whose `propose` gives a `DraftSet` (K drafts per row), not a `Draft`."""
   model: Model
   num_drafts: int = struct.field(pytree_node=False)
 
@@ -68,16 +70,20 @@ class IIDDrafts:
                                                  cache_length)
     return cache, last[::self.num_drafts]
 
-  def propose(self, key: Array, state: Cache, last: Array, *, gamma: int,
-              sampling: sampling_lib.Sampling) -> DraftSet:
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
+              keep_drafting: None = None) -> DraftSet:
     """K drafts of γ tokens after `last` [B] (`key`: one per row [B]): γ+1 calls over [B·K] rows (the last
     one scores d_γ, so the cache covers a fully accepted draft). Unlike `speculative`, the call on d_γ is
     made in every block: a call after selection, only where a whole draft was kept, put a `lax.cond` around
     the [B·K] cache update, and XLA copied the cache in its branches."""
     # Copies draw from keys derived from their row's key alone (`rng.expand`); with K = 1, as `speculative`.
     drafted = ModelDrafter(self.model).propose(rng.expand(key, self.num_drafts), state, self._expand(last),
-                                               max_drafts=gamma, sampling=sampling)
-    batch, k = last.shape[0], self.num_drafts
+                                               max_drafts=max_drafts, sampling=sampling)
+    batch, k, gamma = last.shape[0], self.num_drafts, max_drafts
     return DraftSet(tokens=drafted.tokens.reshape(batch, k, gamma),
                     q=drafted.q.reshape(batch, k, gamma + 1, -1), calls=drafted.calls[::k], state=drafted.state)
 
@@ -115,7 +121,7 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   if rule not in SELECTION_RULES:
     raise ValueError(f"multi-draft selection rule must be one of {SELECTION_RULES}; got {rule!r}")
   for name, model in (("drafter", drafter), ("verifier", verifier)):
-    if not hasattr(model, "copy_slots"):
+    if not scores_trees(model):
       raise ValueError(f"method {rule!r} needs a {name} that scores token trees and keeps one path "
                        f"(`copy_slots`, models.base); {type(model).__name__} has none")
   drafts_of = IIDDrafts(drafter, num_drafts)
@@ -125,7 +131,7 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, key_draft, key_select = rng.split(state.key, 3)
-    drafts = drafts_of.propose(key_draft, state.drafter_state, state.last, gamma=gamma, sampling=sampling)
+    drafts = drafts_of.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling)
     start = state.verifier_cache.lengths
     tree = tree_lib.build_tree(drafts.tokens, state.last, start)
     needed = jnp.where(done, 1, tree.n_nodes)
@@ -152,8 +158,7 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
     return new_state, emission.replace(counters={**emission.counters, "rejected": rejected})
 
   start = PairState.start(key, drafts_of, verifier, prompts, prompt_lengths, cache_length)
-  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                 slack=gamma + 1)
+  output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id)
   return output
 
 
@@ -167,3 +172,20 @@ def specinfer(key: Array, drafter: Model, verifier: Model, prompts: Array, promp
               ) -> common.Output:
   """SpecInfer: K i.i.d. drafts as a token tree, verified by iterative speculative sampling."""
   return multi_draft(key, drafter, verifier, prompts, prompt_lengths, rule="specinfer", **kw)
+
+
+NUM_DRAFTS = Param("num_drafts", 4, traced=False,
+                   check=lambda value, params: checks.check_count("num_drafts (K drafts per block)", value, 1),
+                   help="K i.i.d. drafts per block, an int >= 1")
+
+
+def _tree_overhang(params) -> int:   # the verifier writes the whole tree, 1 + K·γ slots, before keeping one path
+  return params["num_drafts"] * params["gamma"] + 1
+
+
+register(Method("spectr", decode=spectr, drafter="model", cache_overhang=_tree_overhang, params=(NUM_DRAFTS, GAMMA),
+                summary="SpecTr (lossless): K i.i.d. drafts of γ tokens, their token tree scored in one verifier "
+                        "call, DraftSelection with K-SEQ"))
+register(Method("specinfer", decode=specinfer, drafter="model", cache_overhang=_tree_overhang,
+                params=(NUM_DRAFTS, GAMMA),
+                summary="the same block verified by SpecInfer's iterative speculative sampling over the tree"))

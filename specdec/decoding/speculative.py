@@ -13,14 +13,17 @@ scores only the longest row's block.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specdec import sampling as sampling_lib
-from specdec import rng, targets, verify
+from specdec import checks, rng, targets, verify
 from specdec.decoding import common
 from specdec.decoding.drafters import Draft, Drafter, ModelDrafter
+from specdec.decoding.methods import ALPHA, GAMMA, RULE, Method, Param, block_overhang, register
 from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
@@ -103,7 +106,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
     key, key_draft, key_verify = rng.split(state.key, 3)
     drafted = drafter.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling)
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
-    if getattr(drafter, "variable_length", False):
+    if drafter.variable_length:
       # Rows draft 0 … γ tokens: score only what the longest row needs (at batch 1, exactly its block).
       widths = tuple(range(1, gamma + 1))
       needed = jnp.where(done, 1, drafted.n_drafted + 1)
@@ -131,7 +134,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
 
   start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,
-                                 eos_id=eos_id, slack=gamma + 1)
+                                 eos_id=eos_id)
   return output
 
 
@@ -176,7 +179,7 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
 
   start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,
-                                 eos_id=eos_id, slack=gamma + 1)
+                                 eos_id=eos_id)
   return output
 
 
@@ -186,9 +189,39 @@ def specdec_pp(key: Array, drafter: Drafter, verifier: Model, prompts: Array, pr
   """SpecDec++ (Huang et al., Alg. 1): lossless SpecDecode whose drafter stops a block once its acceptance
   head predicts P(some draft rejected) > h = `stop_threshold` (at most `max_gamma` drafts; the verifier
   scores only the longest row's block). `drafter`: a `ModelDrafter` with a `head`."""
-  if getattr(drafter, "head", None) is None:
+  if not isinstance(drafter, ModelDrafter) or drafter.head is None:
     raise ValueError("method 'specdec_pp' needs a drafter with an acceptance head: "
                      "decoding.ModelDrafter(model, head=training.load_head(export_directory))")
   return speculative(key, drafter.replace(stop_threshold=stop_threshold), verifier, prompts, prompt_lengths,
                      sampling=sampling, rule="spec", alpha=0.0, gamma=max_gamma, max_new_tokens=max_new_tokens,
                      eos_id=eos_id, cache_length=cache_length)
+
+
+register(Method(
+    "speculative", decode=speculative, cache_overhang=block_overhang,
+    summary="γ drafts, one verifier call scoring γ+1 positions, Alg. 4 with π = T(q, p) of `rule` (spec: "
+            "SpecDecode; lossy, lossy_tuned: SpecDecode [Lossy]; bild: BiLD*; cascade and token rules: "
+            "SpecCascade). Greedy lossy (Leviathan) is token_v3 at temperature 0",
+    params=(RULE, dataclasses.replace(ALPHA, used=lambda p: p["rule"] != "spec"), GAMMA)))
+register(Method(
+    "bild", decode=bild, cache_overhang=block_overhang,
+    summary="the original BiLD: the drafter drafts while max q ≥ 1 − fallback_alpha, at most γ tokens; "
+            "deterministic rollback where D(q, p) > alpha",
+    params=(Param("alpha", 0.0, traced=True, check=lambda alpha, params: targets.check_alpha("bild", alpha),
+                  help=ALPHA.help),
+            Param("fallback_alpha", 0.5, traced=True,
+                  check=lambda value, params: checks.check_range("fallback_alpha", value, 0.0, 1.0),
+                  help="BiLD's fallback: the drafter hands over while max q < 1 − fallback_alpha, in [0, 1]"),
+            GAMMA)))
+register(Method(
+    "specdec_pp", decode=specdec_pp, cache_overhang=lambda p: p["max_gamma"] + 1,
+    summary="SpecDec++ (lossless): the drafter, a `ModelDrafter(model, head=…)`, stops a block once its "
+            "acceptance head predicts P(some draft rejected) > stop_threshold",
+    export_parts=("acceptance_head",),
+    make_drafter=lambda model, acceptance_head: ModelDrafter(model, head=acceptance_head),
+    params=(Param("stop_threshold", 0.5, traced=True,
+                  check=lambda value, params: checks.check_range("stop_threshold", value, 0.0, 1.0),
+                  help="the head stops a block once P(some draft rejected) > stop_threshold, in [0, 1]"),
+            Param("max_gamma", 8, traced=False,
+                  check=lambda value, params: checks.check_count("max_gamma", value, 1),
+                  help="the most drafts per block, an int >= 1"))))

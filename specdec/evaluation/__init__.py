@@ -1,3 +1,4 @@
-"""Evaluation (layer 5): `metrics` (BLEU, ROUGE-2, the verifier's log-likelihood, cost rates), `sweep`
-(gin-configured quality/latency grids stored as resumable JSON lines), `pareto` (frontiers, Table 2,
-Figure 3/4 plots) and `timing` (median wall-clock of jitted calls, for the benchmarks)."""
+"""Evaluation (layer 5): `metrics` (BLEU, ROUGE-2, the verifier's log-likelihood, cost rates), `grid`
+(gin-configured quality/latency grids: experiments, method families, points), `sweep` (runs a grid: quality
+and latency of every point), `results` (the resumable JSON-lines store and its hashes), `pareto` (frontiers,
+Table 2, Figure 3/4 plots) and `timing` (median wall-clock of jitted calls, for the benchmarks)."""

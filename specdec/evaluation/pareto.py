@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -27,10 +27,32 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 
-from specdec import decoding  # noqa: E402
+from specdec import decoding, targets  # noqa: E402
 from specdec.evaluation.sweep import read_results  # noqa: E402
 
 Record = dict[str, Any]
+
+# Where each method's series sit in tables and legends (Table 2's row order: SpecDecode / SpecCascade rows
+# first, the cascade and token rules after the BiLD variants), from its parameters. A method not listed
+# here comes last.
+_SPECULATIVE_ORDER = {rule: i for i, rule in enumerate(("spec", "lossy", "lossy_tuned", "bild"))}
+SERIES_ORDER: dict[str, Callable[[Mapping[str, Any]], float]] = {
+    "autoregressive": lambda p: -1,
+    "seq_cascade": lambda p: 0,
+    "token_cascade": lambda p: 1 + 0.1 * (p["rule"] == "chow_log"),
+    "speculative": lambda p: (2 + 0.1 * _SPECULATIVE_ORDER[p["rule"]] if p["rule"] in _SPECULATIVE_ORDER
+                              else 4 + 0.1 * targets.RULES.index(p["rule"])),
+    "cs_drafting": lambda p: 2.05,
+    "specdec_pp": lambda p: 2.07,
+    "spectr": lambda p: 2.08,
+    "specinfer": lambda p: 2.09,
+    "bild": lambda p: 3,
+    "oracle_cascade": lambda p: 6,
+}
+# The symbols that label series differing in a parameter ("SpecDecode [γ=3]"), in this order; a parameter
+# not listed here does not split a family's legend entry.
+SYMBOLS = {"gamma": "γ", "fallback_alpha": "α_f", "model_drafts": "k_m", "lower_gamma": "k_l", "gate": "g",
+           "max_gamma": "Γ", "num_drafts": "K"}
 
 def frontier(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
   """The Pareto-optimal (cost, quality) pairs, by increasing cost: those no other pair beats with cost ≤
@@ -60,26 +82,25 @@ def _model_name(identity: dict[str, Any]) -> str:
 
 
 def _series_names(records: list[Record]) -> list[str]:
-  """Family names, suffixed with a parameter's symbol and value (γ, α_f: `Param.symbol`) where that family
+  """Family names, suffixed with a parameter's symbol and value (γ, α_f: `SYMBOLS`) where that family
   holds several values of it among `records`."""
-  symbols = {p.name: p.symbol for method in decoding.METHODS.values() for p in method.params if p.symbol}
   values: dict[tuple[str, str], set] = {}
   for r in records:
-    for name in symbols:
+    for name in SYMBOLS:
       values.setdefault((r["family"], name), set()).add(r["point"].get(name))
-  return [r["family"] + "".join(f" [{symbol}={r['point'][name]}]" for name, symbol in symbols.items()
+  return [r["family"] + "".join(f" [{symbol}={r['point'][name]}]" for name, symbol in SYMBOLS.items()
                                 if len(values[r["family"], name]) > 1) for r in records]
 
 
 def _series_rank(named: tuple[str, Record]) -> tuple[float, str]:
-  """Table 2's row order (`Method.rank`), then the name."""
+  """Table 2's row order (`SERIES_ORDER`), then the name."""
   name, record = named
   method = decoding.METHODS.get(record["point"]["method"])
-  if method is None:
+  if method is None or method.name not in SERIES_ORDER:
     return math.inf, name
   stored = record["point"]
-  return method.rank({p.name: p.default if stored.get(p.name) is None else stored[p.name]
-                      for p in method.params}), name
+  return SERIES_ORDER[method.name]({p.name: p.default if stored.get(p.name) is None else stored[p.name]
+                                    for p in method.params}), name
 
 
 def group_records(records: Sequence[Record], *, name_over_all: bool = False) -> list[Group]:
@@ -207,7 +228,9 @@ def table2_markdown(records: Sequence[Record]) -> str:
   return "\n".join(sections)
 
 
-MULTI_DRAFT_METHODS = ("spectr", "specinfer")
+# Methods that draft several drafts per block (a `num_drafts` parameter): SpecTr's table compares them.
+MULTI_DRAFT_METHODS = tuple(name for name, method in decoding.METHODS.items()
+                            if any(p.name == "num_drafts" for p in method.params))
 
 
 def multi_draft_markdown(records: Sequence[Record]) -> str:

@@ -112,12 +112,22 @@ def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array) -
   are scored padded to L (one call for the batch) and rolled back to their own lengths. A model with its
   own `prefill` (an encoder-decoder) does it its way.
   """
-  if hasattr(model, "prefill"):
+  if is_encoder_decoder(model):
     return model.prefill(cache, prompts, prompt_lengths)
   _, cache = model.score(cache, prompts)
   rows = jnp.arange(prompts.shape[0])
   last = prompts[rows, prompt_lengths - 1]
   return last.astype(jnp.int32), rollback(cache, prompt_lengths - 1)
+
+
+def is_encoder_decoder(model: Model) -> bool:
+  """Whether the model reads its prompt as an encoder input (it has its own `prefill`)."""
+  return hasattr(model, "prefill")
+
+
+def scores_trees(model: Model) -> bool:
+  """Whether the model can keep one path of a scored token tree (`copy_slots`; multi-draft methods)."""
+  return hasattr(model, "copy_slots")
 
 
 def prompt_cache_positions(model: Model, prompt_width: int) -> int:

@@ -32,7 +32,7 @@ from scipy.special import xlogy
 from specdec import sampling as sampling_lib
 from specdec.data import tasks
 from specdec.models.acceptance_head import AcceptanceHead, HeadConfig, init_head
-from specdec.training.train import TrainState, _apply_gradients
+from specdec.training.train import TrainState, apply_gradients
 
 Array = jax.Array
 HEAD_DIRECTORY = "acceptance_head"        # inside a drafter's export directory
@@ -126,7 +126,7 @@ def head_train_step(state: TrainState, batch: dict[str, Array], key: Array, draf
     return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
-  return _apply_gradients(state, grads, sums)
+  return apply_gradients(state, grads, sums)
 
 
 @jax.jit

@@ -167,8 +167,10 @@ def eval_step(params: Any, batch: Batch, model: Any) -> dict[str, Array]:
   return _weighted_sums(_logits(model, params, batch), batch, 0.0)
 
 
-def _apply_gradients(state: TrainState, grads: Any, sums: dict[str, Array]) -> tuple[TrainState, dict[str, Array]]:
-  """The optimizer update, and per-token means of `sums` (every key but 'tokens') with the gradient norm."""
+def apply_gradients(state: TrainState, grads: Any, sums: dict[str, Array]) -> tuple[TrainState, dict[str, Array]]:
+  """One optimizer update of `state` with `grads`, and its metrics: the per-token means of the weighted
+  `sums` (every key but 'tokens', which holds the target count), 'tokens' and 'grad_norm' (the gradients'
+  global norm). The step of every training loop here (next-token, distillation, SpecDec++'s head)."""
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                         opt_state=opt_state)
@@ -189,7 +191,7 @@ def train_step(state: TrainState, batch: Batch, model: Any, label_smoothing: flo
     return _per_token(sums["loss"], sums["tokens"]), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
-  state, metrics = _apply_gradients(state, grads, sums)
+  state, metrics = apply_gradients(state, grads, sums)
   metrics["accuracy"] = metrics.pop("correct")
   return state, metrics
 
@@ -236,7 +238,7 @@ def distill_step(state: TrainState, batch: Batch, model: Any, teacher: Any, loss
     return _per_token(sums["loss"], sums["tokens"]), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
-  return _apply_gradients(state, grads, sums)
+  return apply_gradients(state, grads, sums)
 
 
 @functools.partial(jax.jit, static_argnames="loss")

@@ -9,7 +9,7 @@ import pytest
 
 from specdec.evaluation import pareto
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "sweep" / "results.jsonl"
 _ids = itertools.count()
 

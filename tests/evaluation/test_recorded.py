@@ -18,13 +18,14 @@ import re
 import pytest
 
 from specdec.evaluation import pareto
-from specdec.evaluation.sweep import read_results
+from specdec.evaluation.results import read_results
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 TABLES = {"table.md": pareto.table2_markdown, "multi_draft.md": pareto.multi_draft_markdown}
 RECORDED = sorted((results, name) for results in REPO_ROOT.glob("experiments/*/results.jsonl")
                   for name in TABLES if (results.parent / name).exists())
-WRITE_UPS = (REPO_ROOT / "README.md", REPO_ROOT / "experiments" / "README.md")
+WRITE_UPS = (REPO_ROOT / "README.md", *sorted(REPO_ROOT.glob("docs/*.md")),
+             *sorted(REPO_ROOT.glob("experiments/**/README.md")))
 MARKER = re.compile(r"<!-- rows of (\S+) -->")
 FIGURES = re.compile(r"<!-- figures of (\S+)\n(.*?)-->", re.DOTALL)
 SELECTORS = {"α": ("point", "alpha"), "γ": ("point", "gamma"), "T": ("point", "temperature"),
@@ -66,7 +67,7 @@ def test_rows_quoted_in_the_write_ups_are_rows_of_their_tables():
   assert len(quoted) >= 10, "the write-ups quote tables under markers (the protocol run's Table 2, at least)"
   for doc, source, row in quoted:
     table = (REPO_ROOT / source).read_text().splitlines()
-    assert row in table, f"{doc.name} quotes a row that {source} does not hold: {row}"
+    assert row in table, f"{doc.relative_to(REPO_ROOT)} quotes a row that {source} does not hold: {row}"
 
 
 def quoted_figures(text: str) -> list[tuple[str, str, str, str]]:
@@ -138,4 +139,4 @@ def test_figures_quoted_in_the_write_ups_are_their_records_values():
     try:
       check_figure(records[source], claim, prose)
     except AssertionError as e:
-      raise AssertionError(f"{doc.name}, {heading}: {e}") from e
+      raise AssertionError(f"{doc.relative_to(REPO_ROOT)}, {heading}: {e}") from e

@@ -21,8 +21,8 @@ import pytest
 from specdec import data
 from specdec.data import debian
 
-FIXTURE = Path(__file__).parent / "fixtures" / "apt_lists"
-REPO = Path(__file__).parents[1]
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "apt_lists"
+REPO = Path(__file__).parents[2]
 
 KILO_P1 = "Kilo is a small text editor for the terminal. It has syntax highlighting and incremental search."
 KILO_P2 = "Supported languages:\n* C and C++\n* Python"

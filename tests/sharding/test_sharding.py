@@ -32,7 +32,7 @@ MESHES = [(4, 2), (8, 1)]
 def eight_devices():
   if jax.device_count() != 8:
     pytest.fail(f"expected 8 fake CPU devices, found {jax.device_count()}: JAX started before this module set "
-                "XLA_FLAGS; run tests/test_sharding.py in its own process")
+                "XLA_FLAGS; run tests/sharding/test_sharding.py in its own process")
 
 
 def _pair(kind):
@@ -209,7 +209,7 @@ def test_the_training_loop_checkpoints_and_resumes_sharded(tmp_path, capsys):
 def test_a_sweep_on_a_mesh_records_the_one_device_quality(tmp_path):
   """`Experiment.mesh_shape`: quality batches on a (4, 2) mesh of this host's devices give the records of a
   one-device run (quality and counters; latency is wall-clock at batch 1 either way)."""
-  from tests.test_sweep import _outcomes, _smoke
+  from tests.evaluation.test_sweep import _outcomes, _smoke
   one = sweep.run(_smoke(tmp_path / "one.jsonl"), progress=False)
   mesh = sweep.run(_smoke(tmp_path / "mesh.jsonl", "Experiment.mesh_shape = (4, 2)"), progress=False)
   assert _outcomes(mesh) == _outcomes(one)

@@ -21,7 +21,7 @@ from specdec.data import load_vocabulary, shipped
 from specdec.models.acceptance_head import HeadConfig, init_head
 from specdec.training import acceptance, save_params
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB = load_vocabulary().vocab_size
 
 

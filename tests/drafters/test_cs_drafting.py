@@ -183,7 +183,7 @@ def test_a_three_level_vertical_cascade_keeps_the_verifiers_greedy_output():
   want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive", **kw)
   lower = decoding.VerticalCascade(bottom, decoding.MaxGram(12), lower_gamma=2)
   cascade = decoding.VerticalCascade(middle, lower, lower_gamma=3)
-  assert cascade.slack == 3 + 1 + lower.slack
+  assert cascade.cache_overhang == 3 + 1 + lower.cache_overhang
   got = decoding.generate(jax.random.PRNGKey(0), cascade, verifier, prompts, lengths, method="speculative",
                           gamma=4, **kw)
   np.testing.assert_array_equal(got.tokens, want.tokens)

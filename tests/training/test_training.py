@@ -21,7 +21,7 @@ from specdec import models, training
 from specdec.data import seqio_tasks, tasks
 from specdec.models import partitioning, t5
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 V, L, B = 32, 32, 8
 SHAPES = dict(preset="tiny", vocab_size=V, max_length=64, batch_size=B, seq_len=L)
 # configs/train/tiny_synthetic.gin's optimizer: runs of equal length share one compiled step with it.

@@ -136,7 +136,7 @@ def test_a_sweep_runs_specdec_pp_with_the_drafters_head(tmp_path):
   """The smoke sweep's tiny pair, with a head given by drafter/ModelSource.head: one record per threshold,
   the head in the run context (so a new head reruns the points); without a head the sweep says so."""
   import gin
-  from specdec.evaluation import sweep
+  from specdec.evaluation import grid, sweep
   drafter = models.build("tiny", vocab_size=8192, seed=1)
   acceptance.save_head(str(tmp_path / "head"), _head(drafter, seed=1))
   bindings = ["Experiment.families = [@specdec_pp/Family()]", "specdec_pp/Family.params = "
@@ -145,7 +145,7 @@ def test_a_sweep_runs_specdec_pp_with_the_drafters_head(tmp_path):
   def parse(output, *extra):
     gin.clear_config()
     try:
-      return sweep.parse_gin(["configs/experiments/smoke.gin"], [f"Experiment.output = '{output}'", *bindings,
+      return grid.parse_gin(["configs/experiments/smoke.gin"], [f"Experiment.output = '{output}'", *bindings,
                                                                  *extra])
     finally:
       gin.clear_config()

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import sampling
+from specdec import _top_p, sampling
 from tests.stats import assert_law
 
 
@@ -119,8 +119,8 @@ def test_top_p_bit_for_bit_where_the_search_and_the_definition_sum_differently(m
   probs = jax.nn.softmax(logits)
   values = jnp.take_along_axis(probs, jnp.asarray(np.random.default_rng(9).integers(0, 2000, (64, 1))), -1)
   threshold = jax.lax.bitcast_convert_type(values, jnp.int32)
-  definition_sum = jnp.minimum(sampling._mass_from(probs, threshold)[:, 0], 1.0)
-  search_sum = jnp.minimum(sampling._probe(probs, threshold)[0][:, 0], 1.0)
+  definition_sum = jnp.minimum(_top_p.mass_from(probs, threshold)[:, 0], 1.0)
+  search_sum = jnp.minimum(_top_p.probe(probs, threshold)[0][:, 0], 1.0)
   assert np.any(np.asarray(definition_sum != search_sum)), "the fixture must make the two orders disagree"
   for top_p in (definition_sum, search_sum, jnp.nextafter(definition_sum, 2.0)):
     _assert_same_bits(logits, 1.0, jnp.minimum(top_p, 1.0), method)
@@ -160,7 +160,7 @@ def test_certificate_sums_are_the_definitions_bit_for_bit():
       jnp.where(jax.lax.bitcast_convert_type(p, jnp.int32) >= t, p, 0.0), axis=-1, keepdims=True))
   for j in range(thresholds.shape[1]):
     threshold = thresholds[:, j:j + 1]
-    got, want = jax.jit(sampling._mass_from)(probs, threshold), definition(probs, threshold)
+    got, want = jax.jit(_top_p.mass_from)(probs, threshold), definition(probs, threshold)
     np.testing.assert_array_equal(np.asarray(got).view(np.int32), np.asarray(want).view(np.int32))
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 WMT = "configs/experiments/paper_t5_wmt.gin"
 
 

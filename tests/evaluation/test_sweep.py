@@ -1,6 +1,6 @@
-"""Sweeps (specdec.evaluation.sweep, scripts/sweep.py): grids, validation before compute, the JSONL store,
-resuming a killed run. Runs on random `tiny` models over the shipped vocabulary and sample
-(configs/experiments/smoke.gin): the machinery, not the methods."""
+"""Sweeps (specdec.evaluation.grid, sweep and results; scripts/sweep.py): grids, validation before
+compute, the JSONL store, resuming a killed run. Runs on random `tiny` models over the shipped vocabulary
+and sample (configs/experiments/smoke.gin): the machinery, not the methods."""
 
 import dataclasses
 import hashlib
@@ -12,9 +12,9 @@ import pathlib
 import gin
 import pytest
 
-from specdec.evaluation import sweep
+from specdec.evaluation import grid, results, sweep
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = "configs/experiments/smoke.gin"
 SMOKE_POINTS = 6  # small model, large model, 2 families × 2 α
 
@@ -29,7 +29,7 @@ def _load_script(name):
 def _smoke(output, *bindings):
   gin.clear_config()
   try:
-    return sweep.parse_gin([SMOKE], [f"Experiment.output = '{output}'", *bindings])
+    return grid.parse_gin([SMOKE], [f"Experiment.output = '{output}'", *bindings])
   finally:
     gin.clear_config()
 
@@ -69,7 +69,7 @@ def test_smoke_sweep_writes_one_valid_record_per_point(complete):
     assert r["git_commit"] and r["device"].startswith("cpu")
     assert r["counters"]["generated"] > 0 and r["seconds_per_example"] > 0
     assert math.isclose(r["relative_latency"], r["seconds_per_example"] / r["baseline"]["seconds_per_example"])
-    assert r["hash"] == sweep._digest({"point": r["point"], "context": r["context"]})
+    assert r["hash"] == results.digest({"point": r["point"], "context": r["context"]})
   assert sorted(by_family) == ["Large (verifier)", "Small (drafter)", "SpecCascade [Token]", "SpecDecode [Lossy]"]
   (large,) = by_family["Large (verifier)"]
   assert large["relative_latency"] == 1.0 and large["baseline"]["hash"] == large["hash"]
@@ -99,18 +99,24 @@ class Killed(Exception):
   pass
 
 
-def test_killed_sweep_resumes_without_losing_or_duplicating(complete, tmp_path, monkeypatch):
-  output = tmp_path / "results.jsonl"
-  experiment = _smoke(output)
+def _dies_after(n: int, monkeypatch) -> tuple[list, object]:
+  """Makes `sweep.run_point` raise Killed once n points ran; returns (the points run, the real run_point)."""
   real_run_point, calls = sweep.run_point, []
 
-  def dies_after_three(point, workload):
-    if len(calls) == 3:
+  def dies(point, workload):
+    if len(calls) == n:
       raise Killed
     calls.append(point)
     return real_run_point(point, workload)
 
-  monkeypatch.setattr(sweep, "run_point", dies_after_three)
+  monkeypatch.setattr(sweep, "run_point", dies)
+  return calls, real_run_point
+
+
+def test_killed_sweep_resumes_without_losing_or_duplicating(complete, tmp_path, monkeypatch):
+  output = tmp_path / "results.jsonl"
+  experiment = _smoke(output)
+  calls, real_run_point = _dies_after(3, monkeypatch)
   with pytest.raises(Killed):
     sweep.run(experiment, progress=False)
   assert len(_lines(output)) == 3
@@ -125,7 +131,7 @@ def test_truncated_last_line_is_dropped_and_its_point_rerun(complete, tmp_path, 
   output = tmp_path / "results.jsonl"
   lines = _lines(complete[0])
   output.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:len(lines[-1]) // 2])
-  assert [r["hash"] for r in sweep.read_results(output)] == [json.loads(line)["hash"] for line in lines[:-1]]
+  assert [r["hash"] for r in results.read_results(output)] == [json.loads(line)["hash"] for line in lines[:-1]]
   assert f"results.jsonl:{len(lines)} left out" in capsys.readouterr().err   # the plots say so too
   sweep.run(_smoke(output), progress=False)
   stored = [json.loads(line) for line in _lines(output)]
@@ -138,10 +144,10 @@ def test_a_damaged_or_foreign_line_before_the_last_raises_naming_it(complete, tm
   first = _lines(complete[0])[0]
   output.write_text(f'{first}\n{{"hash": \n{first}\n')
   with pytest.raises(ValueError, match="results.jsonl:2 is not a JSON record"):
-    sweep.read_results(output)
+    results.read_results(output)
   output.write_text(f'{first}\n{first}\n{{"loss": 0.5, "step": 10}}\n')
   with pytest.raises(ValueError, match="results.jsonl:3 is not a sweep record \\(no hash, context_hash"):
-    sweep.read_results(output)
+    results.read_results(output)
 
 
 def test_resume_is_announced_and_refused_across_code_versions_unless_asked(complete, tmp_path, capsys):
@@ -163,7 +169,7 @@ def test_resume_is_keyed_on_the_package_code_not_the_commit(complete, tmp_path):
   still resume on their own commit only."""
   output = tmp_path / "results.jsonl"
   lines = [json.loads(line) for line in _lines(complete[0])]
-  assert lines[0]["code"] == sweep.code_digest()
+  assert lines[0]["code"] == results.code_digest()
   for record in lines:
     record["git_commit"] = "0123abc-dirty"
   output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-1]))
@@ -178,26 +184,18 @@ def test_resume_is_keyed_on_the_package_code_not_the_commit(complete, tmp_path):
 def test_hosts_split_the_grid_into_shards_that_merge_into_the_single_host_run(complete, tmp_path, monkeypatch):
   output = tmp_path / "results.jsonl"
   experiment = _smoke(output)
-  real_run_point, calls = sweep.run_point, []
-
-  def dies_after_one(point, workload):
-    if len(calls) == 1:
-      raise Killed
-    calls.append(point)
-    return real_run_point(point, workload)
-
-  monkeypatch.setattr(sweep, "run_point", dies_after_one)
+  calls, real_run_point = _dies_after(1, monkeypatch)
   with pytest.raises(Killed):
     sweep.run(experiment, progress=False, host=(1, 2))      # host 1 of 2 dies after its first point
   monkeypatch.setattr(sweep, "run_point", real_run_point)
   assert len(sweep.run(experiment, progress=False, host=(0, 2))) == SMOKE_POINTS // 2 + 1
-  shards = [sweep.host_shard(output, i, 2) for i in range(2)]
-  assert sweep.result_files(output) == shards and not output.exists()
+  shards = [results.host_shard(output, i, 2) for i in range(2)]
+  assert results.result_files(output) == shards and not output.exists()
   assert [len(_lines(s)) for s in shards] == [SMOKE_POINTS // 2, 1]
   merged = sweep.run(experiment, progress=False, host=(1, 2))   # the rerun finishes host 1's block only
   assert [len(_lines(s)) for s in shards] == [SMOKE_POINTS // 2] * 2
   assert len(merged) == SMOKE_POINTS and _outcomes(merged) == _outcomes(complete[1])
-  assert _outcomes(sweep.read_results(output)) == _outcomes(complete[1])
+  assert _outcomes(results.read_results(output)) == _outcomes(complete[1])
 
 
 def test_intervals_and_figures_are_recomputable_from_the_stored_examples(complete):
@@ -229,7 +227,7 @@ def test_intervals_and_figures_are_recomputable_from_the_stored_examples(complet
     (["small/Family.model = 'pair'"], "model must be 'drafter' or 'verifier'"),
     (["token_v3/Family.rule = 'lossy'"], "both contain the point"),
     (["Experiment.n_latency_examples = 10"], "n_latency_examples must lie in \\[1, n_examples=6\\]"),
-    (["drafter/ModelSource.max_length = 58"], "max_length=58"),   # prompt 48 + 8 new + γ+1 = 4 slack > 58
+    (["drafter/ModelSource.max_length = 58"], "max_length=58"),   # prompt 48 + 8 new + γ+1 = 4 overhang > 58
 ])
 def test_bad_grids_are_rejected_before_compute(bindings, message, tmp_path, monkeypatch):
   output = tmp_path / "results.jsonl"
@@ -243,10 +241,10 @@ def test_bad_grids_are_rejected_before_compute(bindings, message, tmp_path, monk
 def test_every_experiment_config_expands_to_a_valid_grid(config):
   gin.clear_config()
   try:
-    experiment = sweep.parse_gin([f"configs/experiments/{config}"])
+    experiment = grid.parse_gin([f"configs/experiments/{config}"])
   finally:
     gin.clear_config()
-  points = sweep.expand_grid(experiment)
+  points = grid.expand_grid(experiment)
   assert sum(p.is_baseline for p in points) == len(experiment.temperatures) * len(experiment.top_ps)
   assert any(p.model == "pair" for p in points)
 
@@ -254,10 +252,10 @@ def test_every_experiment_config_expands_to_a_valid_grid(config):
 def test_every_method_of_the_comparison_is_expressible():
   gin.clear_config()
   try:
-    experiment = sweep.parse_gin(["configs/experiments/all_methods_synopsis.gin"])
+    experiment = grid.parse_gin(["configs/experiments/all_methods_synopsis.gin"])
   finally:
     gin.clear_config()
-  runs = {(p.method, p.rule, p.model) for p in sweep.expand_grid(experiment)}
+  runs = {(p.method, p.rule, p.model) for p in grid.expand_grid(experiment)}
   cascade_rules = ["chow", "chow_log", "diff", "diff_log", "opt", "opt_log", "token_v1", "token_v2", "token_v3"]
   assert runs >= {("autoregressive", None, "drafter"), ("autoregressive", None, "verifier"),
                   ("speculative", "spec", "pair"), ("speculative", "lossy", "pair"),
@@ -267,13 +265,13 @@ def test_every_method_of_the_comparison_is_expressible():
 
 
 def test_grid_points_are_canonical():
-  experiment = sweep.Experiment(
-      drafter=sweep.ModelSource(preset="tiny"), verifier=sweep.ModelSource(preset="tiny"), task="debian_lm",
-      families=[sweep.Family("SD", "speculative", "spec", alphas=[0.0, 0.3]),
-                sweep.Family("Large", "autoregressive", alphas=[0.1, 0.2], gammas=[3, 5]),
-                sweep.Family("Seq", "seq_cascade", "chow", alphas=[0, 0.5])],
+  experiment = grid.Experiment(
+      drafter=grid.ModelSource(preset="tiny"), verifier=grid.ModelSource(preset="tiny"), task="debian_lm",
+      families=[grid.Family("SD", "speculative", "spec", alphas=[0.0, 0.3]),
+                grid.Family("Large", "autoregressive", alphas=[0.1, 0.2], gammas=[3, 5]),
+                grid.Family("Seq", "seq_cascade", "chow", alphas=[0, 0.5])],
       temperatures=[1.0, 0.0], gammas=[5])
-  points = sweep.expand_grid(experiment)
+  points = grid.expand_grid(experiment)
   # Per temperature: SpecDecode once (α does not change it), the large model alone once (it ignores α and
   # γ, and is the temperature's baseline under the family's label), SeqCascade at 2 α (no rule, no γ).
   assert len(points) == 2 * (1 + 1 + 2)
@@ -283,26 +281,26 @@ def test_grid_points_are_canonical():
 
 
 def test_point_hash_is_the_digest_of_canonical_json_without_the_label():
-  point = sweep.baseline_point(1, 1.0)  # an int temperature is stored as a float
+  point = grid.baseline_point(1, 1.0)  # an int temperature is stored as a float
   renamed = dataclasses.replace(point, family="another label")
   canonical = (b'{"context": {"task": "debian_synopsis"}, "point": {"alpha": null, "fallback_alpha": null, '
                b'"gamma": null, "method": "autoregressive", "model": "verifier", "rule": null, '
                b'"temperature": 1.0, "top_p": 1.0}}')
   expected = hashlib.sha256(canonical).hexdigest()[:16]
-  assert sweep.point_hash(point, {"task": "debian_synopsis"}) == expected == "cdb1553ee3067343"
-  assert sweep.point_hash(renamed, {"task": "debian_synopsis"}) == expected
+  assert results.point_hash(point, {"task": "debian_synopsis"}) == expected == "cdb1553ee3067343"
+  assert results.point_hash(renamed, {"task": "debian_synopsis"}) == expected
 
 
 def test_lm_task_quality_is_the_verifiers_log_likelihood(tmp_path):
-  experiment = sweep.Experiment(
-      drafter=sweep.ModelSource(preset="tiny", seed=1, max_length=64),
-      verifier=sweep.ModelSource(preset="tiny", seed=2, max_length=64), task="debian_lm", source="sample",
+  experiment = grid.Experiment(
+      drafter=grid.ModelSource(preset="tiny", seed=1, max_length=64),
+      verifier=grid.ModelSource(preset="tiny", seed=2, max_length=64), task="debian_lm", source="sample",
       families=[], n_examples=3, batch_size=3, max_new_tokens=4, n_latency_examples=1, latency_trials=1,
       output=str(tmp_path / "results.jsonl"))
   with pytest.raises(ValueError, match="families must be a non-empty list"):
     sweep.run(experiment, progress=False)
-  experiment = dataclasses.replace(experiment, families=[sweep.Family("Small", "autoregressive", model="drafter"),
-                                                         sweep.Family("Large", "autoregressive")])
+  experiment = dataclasses.replace(experiment, families=[grid.Family("Small", "autoregressive", model="drafter"),
+                                                        grid.Family("Large", "autoregressive")])
   records = sweep.run(experiment, progress=False)
   assert [r["family"] for r in records] == ["Large", "Small"]  # the listed verifier is the baseline
   assert records[0]["relative_latency"] == 1.0 and records[1]["baseline"]["hash"] == records[0]["hash"]

@@ -16,7 +16,7 @@ import pytest
 from specdec import decoding, models
 from specdec.models import t5
 from specdec.training import convert, save_hf_t5
-from tests.test_t5 import _data, assert_hf_logits_equal
+from tests.models.test_t5 import _data, assert_hf_logits_equal
 
 V = 64
 # Fewer decoder than encoder layers, as the drafters cut from a verifier: HF must size its caches by the decoder.
@@ -108,7 +108,7 @@ def test_transformers_logits_equal_ours_on_padded_encoder_inputs(ours, exported)
 def test_transformers_greedy_and_assisted_generate_equal_our_greedy(ours, exported, tmp_path):
   """Cached greedy `generate` at batch 6, and assisted generation (batch 1: a 1-decoder-layer drafter cut from
   the verifier, 3 drafts per block; lossless, so the same tokens) equal our greedy decoding. (Our speculative
-  greedy equals our greedy: tests/test_t5.py.)"""
+  greedy equals our greedy: tests/models/test_t5.py.)"""
   torch = pytest.importorskip("torch")
   hf, _, _ = _from_pretrained(exported)
   drafter = t5.T5(params={**ours.params, "decoder": {k: v for k, v in ours.params["decoder"].items()

@@ -56,7 +56,7 @@ def test_drafts_are_iid_samples_of_the_drafter():
   drafter = PositionalTrigram.random(5, vocab)
   drafts_of = multi_draft.IIDDrafts(drafter, num_drafts=3)
   state, last = drafts_of.start(jnp.broadcast_to(jnp.asarray(prompt), (samples, 2)), jnp.full((samples,), 2), 16)
-  drafts = drafts_of.propose(jax.random.PRNGKey(0), state, last, gamma=gamma, sampling=sampling.Sampling())
+  drafts = drafts_of.propose(jax.random.PRNGKey(0), state, last, max_drafts=gamma, sampling=sampling.Sampling())
   tokens = np.asarray(drafts.tokens)
   assert tokens.shape == (samples, 3, gamma)
   law = sequence_law(drafter, prompt, gamma)

@@ -1,0 +1,64 @@
+"""A method's drafter from a model export (layer 4): the model, and the parts of its export directory the
+method declares (`decoding.Method.export_parts`), read here and put together by `Method.make_drafter`.
+
+  parts = load_parts("data/models/debian_drafter_distilled", decoding.METHODS["specdec_pp"].export_parts)
+  drafter = drafter_for(decoding.METHODS["specdec_pp"], model, parts)
+
+The command line and the sweeps build every method's drafter this way, so neither names a method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from specdec.decoding import Drafter, Method
+from specdec.models.base import Model
+from specdec.training import acceptance
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """A part of a model's export directory (a subdirectory `name`/): what it is, how to read it from the
+  export directory, and how to make one."""
+  name: str
+  what: str
+  load: Callable[[str], Any]
+  how: str
+
+
+PARTS = {part.name: part for part in (
+    Part(acceptance.HEAD_DIRECTORY, "acceptance head", acceptance.load_head, "scripts/train_acceptance_head.py"),)}
+
+
+def present(directory: str | None) -> list[str]:
+  """The parts `directory` holds."""
+  return [name for name in PARTS if directory is not None and os.path.isdir(os.path.join(directory, name))]
+
+
+def load_parts(directory: str | None, names: Iterable[str] | None = None, *, user: str = "the method",
+               option: str = "the drafter's export directory") -> dict[str, Any]:
+  """The parts `names` read from `directory`; None: every part it holds. A missing one is a
+  FileNotFoundError naming it, `user` (who needs it) and `option` (what the caller calls the directory)."""
+  names = present(directory) if names is None else list(names)
+  for name in names:
+    if name not in present(directory):
+      raise FileNotFoundError(f"{user} needs the drafter's {PARTS[name].what}: {directory or 'the drafter'} holds "
+                              f"no {name}/ (give {option}, or make one with {PARTS[name].how})")
+  return {name: PARTS[name].load(directory) for name in names}
+
+
+def drafter_for(method: Method, model: Model | None, parts: Mapping[str, Any]) -> Model | Drafter | None:
+  """The drafter `method` decodes with: None where it needs none, `model` where it needs nothing else, else
+  `method.make_drafter(model, **parts)` (ValueError naming a part it needs that `parts` lacks)."""
+  if method.drafter == "none":
+    return None
+  if not method.export_parts:
+    return model
+  missing = [name for name in method.export_parts if name not in parts]
+  if missing:
+    raise ValueError(f"method {method.name!r} needs the drafter's {PARTS[missing[0]].what} ({missing[0]}/ in "
+                     f"its export directory; make one with {PARTS[missing[0]].how})")
+  return method.make_drafter(model, **{name: parts[name] for name in method.export_parts})
