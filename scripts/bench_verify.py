@@ -38,28 +38,43 @@ PIPELINE_RULE = "token_v3"
 def load_revision(ref: str) -> types.SimpleNamespace:
   """_top_p, sampling, targets and verify as they are at git revision `ref`, loaded beside the current ones.
 
-  Each file is executed with `specdec.<module>` pointing at the revision's modules loaded before it, so
+  Each file (specdec/core/<name>.py, or specdec/<name>.py in revisions before the core folder) is executed
+  with `specdec.<name>` and `specdec.core.<name>` pointing at the revision's modules loaded before it, so
   the revision's sampling calls the revision's _top_p and its targets and verify the revision's sampling;
   the package is restored afterwards.
   """
   loaded = {}
-  saved = {name: sys.modules[f"specdec.{name}"] for name in _MODULES}
+  packages = (specdec, specdec.core)
+  saved_modules = {key: sys.modules.get(key) for package in packages for key in
+                   (f"{package.__name__}.{name}" for name in _MODULES)}
+  saved_names = {(package, name): vars(package).get(name) for package in packages for name in _MODULES}
   try:
     for name in _MODULES:
-      shown = subprocess.run(["git", "show", f"{ref}:specdec/{name}.py"], cwd=_ROOT, capture_output=True, text=True)
+      for path in (f"specdec/core/{name}.py", f"specdec/{name}.py"):
+        shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=_ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+          break
       if shown.returncode and name == "_top_p":   # the revision's sampling holds the top-p search itself
         continue
       shown.check_returncode()
-      source = shown.stdout
       module = types.ModuleType(f"specdec.{name}@{ref}")
-      sys.modules[module.__name__] = sys.modules[f"specdec.{name}"] = module  # dataclasses look it up
-      setattr(specdec, name, module)
-      exec(compile(source, f"{ref}:specdec/{name}.py", "exec"), module.__dict__)
+      sys.modules[module.__name__] = module   # dataclasses look it up
+      for package in packages:
+        sys.modules[f"{package.__name__}.{name}"] = module
+        setattr(package, name, module)
+      exec(compile(shown.stdout, f"{ref}:{path}", "exec"), module.__dict__)
       loaded[name] = module
   finally:
-    for name, module in saved.items():
-      sys.modules[f"specdec.{name}"] = module
-      setattr(specdec, name, module)
+    for key, module in saved_modules.items():
+      if module is None:
+        sys.modules.pop(key, None)
+      else:
+        sys.modules[key] = module
+    for (package, name), module in saved_names.items():
+      if module is None:
+        vars(package).pop(name, None)
+      else:
+        setattr(package, name, module)
   return types.SimpleNamespace(**loaded)
 
 

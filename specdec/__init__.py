@@ -1,0 +1,11 @@
+"""specdec: speculative decoding and speculative cascades in JAX.
+
+Layers (docs/design.md), each importing only from those below it: `specdec.core` (1, the math),
+`specdec.models` (2), `specdec.decoding` (3, the decode loops and `generate`), `specdec.data` and
+`specdec.training` (4), `specdec.evaluation` (5, sweeps and plots); `specdec.cli` holds the commands.
+The core modules are importable from the package itself: `from specdec import sampling, targets, verify`.
+"""
+
+from specdec.core import checks, rng, sampling, spectr, targets, theory, tree, verify
+
+__all__ = ["checks", "rng", "sampling", "spectr", "targets", "theory", "tree", "verify"]

@@ -21,7 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import bench_verify  # noqa: E402  (load_revision)
-from specdec import _top_p, sampling, targets, verify  # noqa: E402
+from specdec import sampling, targets, verify  # noqa: E402
+from specdec.core import _top_p  # noqa: E402
 from specdec.data import debian  # noqa: E402
 from specdec.data.vocab import load_vocabulary  # noqa: E402
 from specdec.evaluation.timing import median_seconds  # noqa: E402

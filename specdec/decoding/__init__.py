@@ -28,7 +28,7 @@ from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_
 from specdec.decoding.methods import METHODS, Method, Param, register
 from specdec.models import base, partitioning
 from specdec.models.base import Model
-from specdec.sampling import Sampling
+from specdec.core.sampling import Sampling
 
 Array = jax.Array
 

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import _top_p, sampling
+from specdec import sampling
+from specdec.core import _top_p
 from tests.stats import assert_law
 
 

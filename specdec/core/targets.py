@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import checks
-from specdec.sampling import entropy, masked_sum
+from specdec.core import checks
+from specdec.core.sampling import entropy, masked_sum
 
 Array = jax.Array
 

@@ -4,7 +4,7 @@ S(·) is the transformation of a model's next-token distribution that is actuall
 temperature scaling, then top-k, then top-p truncation (speculative-cascades paper, App. C.1). The
 cascade rules defer on the untransformed distributions and interleave the transformed ones. The public
 API comes first (`Sampling`, `transform`, `sample`, `argmax`, `masked_sum`, `entropy`); the search for
-the top-p cut is in `specdec._top_p`.
+the top-p cut is in `specdec.core._top_p`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec import _top_p, checks, rng
+from specdec.core import _top_p, checks, rng
 
 Array = jax.Array
 
