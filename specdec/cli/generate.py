@@ -78,8 +78,9 @@ def _parser() -> argparse.ArgumentParser:
   models = parser.add_argument_group("models")
   models.add_argument("--verifier", required=True, metavar="DIR", help="the verifier: an exported model directory")
   models.add_argument("--drafter", metavar="DIR", help="the drafter (every method but autoregressive)")
-  models.add_argument("--head", metavar="DIR", help="specdec_pp: a directory holding the drafter's acceptance_head/ "
-                      "(default: the drafter's own)")
+  models.add_argument("--head", metavar="DIR", help="a directory holding the parts of the drafter's export that "
+                      + ", ".join(f"{m.name} reads ({', '.join(m.export_parts)}/)" for m in decoding.METHODS.values()
+                                  if m.export_parts) + " (default: the drafter's own directory)")
   models.add_argument("--vocab", metavar="PATH", help="a SentencePiece .model file (default: the shipped one)")
   text = parser.add_argument_group("prompts").add_mutually_exclusive_group(required=True)
   text.add_argument("--prompt", action="append", help="a prompt text (repeatable)")

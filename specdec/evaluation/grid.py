@@ -38,8 +38,8 @@ class ModelSource:
   seed: int = 0                    # preset only
   vocab_size: int | None = None    # preset only; None: the vocabulary's size
   max_length: int = 512            # preset only
-  # SpecDec++ (method specdec_pp): a directory holding an acceptance head (`acceptance_head/`); None: the
-  # model's own export directory, if it holds one.
+  # A directory holding the parts of the drafter's export that methods read (`training.exports.PARTS`:
+  # SpecDec++'s acceptance_head/); None: the model's own export directory.
   head: str | None = None
 
   def directory(self) -> str | None:

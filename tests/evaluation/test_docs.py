@@ -1,12 +1,13 @@
 """The docs stay true: every relative link of README.md and docs/*.md resolves inside the repository (to a
 file, and a #fragment to one of its headings), docs/methods.md holds the registry's tables, and the pages
 stay readable (README.md ≤ 200 lines, experiments/README.md an index ≤ 40 KB, a README in every experiment
-folder). docs/extending.md's code is run by tests/decoding/test_registry.py."""
+folder). docs/extending.md's code is run by tests/decoding/test_registry.py, the README's decode example here."""
 
 import pathlib
 import re
 
 from specdec import decoding
+from tests import doc_examples
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")),
@@ -86,3 +87,10 @@ def test_the_pages_stay_short_and_every_experiment_has_its_readme():
   assert (REPO_ROOT / "experiments" / "README.md").stat().st_size <= 40_000
   folders = [p for p in (REPO_ROOT / "experiments").iterdir() if p.is_dir()]
   assert folders and all((folder / "README.md").exists() for folder in folders)
+
+
+def test_the_readmes_decode_example_runs(capsys):
+  namespace = doc_examples.load("README.md")
+  out = namespace["out"]
+  assert out.tokens.shape == (1, 32) and 0 < int(out.lengths[0]) <= 32
+  assert capsys.readouterr().out.strip()   # the decoded text and the acceptance rate
