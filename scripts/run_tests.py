@@ -1,15 +1,16 @@
 """Runs the test suite as `make test` does: one pytest process per folder of tests/, `--jobs` at a time.
 
-The groups are found, not listed: every folder under tests/ holding test_*.py files is one group (test
-files directly in tests/, if any, another), so a new test file runs by being put in its layer's folder.
-Fresh processes per group keep XLA:CPU's compiled-program count low (tests/conftest.py); running two at
-once uses both cores of a small machine, since compiling the tests' many small programs is mostly
-single-threaded. The groups known to be long (`START_FIRST`: they compile the most decode loops) start
-first, then the others, largest first by the size of their test files, so that the last to start are short. A group's output is printed whole when it ends, so that groups never interleave; the exit
-status is 1 when any group failed.
+The groups are found, not listed: every folder under tests/ holding test_*.py files is one group (test files
+directly in tests/, if any, another), so a new test file runs by being put in its layer's folder. Fresh
+processes per group keep XLA:CPU's compiled-program count low (tests/conftest.py); running two at once uses
+both cores of a small machine, since compiling the tests' many small programs is mostly single-threaded. The
+groups known to be long (`START_FIRST`: they compile the most decode loops) start first, then the others,
+largest first by the size of their test files, so that the last to start are short. A group's output is
+printed whole when it ends, so that groups never interleave; the exit status is 1 when any group failed.
 
-Every group compiles with XLA's backend optimisation level 0: the tests' programs are small and run once,
-so LLVM's optimisations cost more compile time than they save; numerics are XLA's own either way.
+The groups compile with XLA's backend optimisation level 0: the tests' programs are small and run once, so
+LLVM's optimisations cost more compile time than they save. `tests/core/` keeps the default level, so
+the bit-for-bit checks of layer 1 (top-P's searches against its definition) hold for the programs users compile.
 `tests/sharding/` runs on 8 fake CPU devices (the flag must be set before JAX starts: a process of its own).
 
 Usage: python scripts/run_tests.py [--jobs N] [GROUP_FOLDER ...]   (default: every group)
@@ -30,6 +31,7 @@ SHARDED = TESTS / "sharding"
 _COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 _SHARDED_FLAGS = "--xla_force_host_platform_device_count=8"
 START_FIRST = ("decoding", "drafters", "sharding")
+DEFAULT_OPTIMIZATION = ("core",)
 
 
 def groups() -> list[list[pathlib.Path]]:
@@ -67,14 +69,15 @@ def main() -> int:
     if unknown:
       parser.error(f"not a folder of test files: {', '.join(sorted(map(str, unknown)))}")
     work = [files for files in work if files[0].parent in chosen]
-  flags = os.environ.get("XLA_FLAGS", "")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"{flags} {_COMPILE_FLAGS}".strip())
-  sharded_env = dict(env, XLA_FLAGS=f"{env['XLA_FLAGS']} {_SHARDED_FLAGS}")
+  def env(folder: pathlib.Path) -> dict[str, str]:
+    flags = [os.environ.get("XLA_FLAGS", ""), "" if folder.name in DEFAULT_OPTIMIZATION else _COMPILE_FLAGS,
+             _SHARDED_FLAGS if folder == SHARDED else ""]
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flag for flag in flags if flag))
+
   start = time.monotonic()
   failed = []
   with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-    futures = [pool.submit(_run_group, files, sharded_env if files[0].parent == SHARDED else env)
-               for files in work]
+    futures = [pool.submit(_run_group, files, env(files[0].parent)) for files in work]
     for future in concurrent.futures.as_completed(futures):
       names, returncode, output, seconds = future.result()
       print(f"== pytest {names} ({seconds:.0f} s)\n{output}", end="", flush=True)

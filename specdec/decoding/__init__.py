@@ -37,8 +37,8 @@ Array = jax.Array
 DEFAULT_EOS_ID = 1
 
 __all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "HorizontalCascade", "METHODS", "MaxGram", "Method", "ModelDrafter",
-           "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "cache_length", "cs_drafter",
-           "generate", "lower", "register"]
+           "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "cs_drafter",
+           "generate", "lower", "register", "required_cache_length"]
 
 
 def _int(name: str, value: Any, lo: int) -> int:
@@ -85,13 +85,15 @@ def _sampling(sampling: Sampling | None, temperature, top_p, top_k) -> Sampling:
   return sampling.checked()
 
 
-def cache_length(method: Method, params: dict[str, Any], models: list[Model | Drafter], prompt_width: int,
-                 max_new_tokens: int, drafter: Drafter | None = None) -> int:
+def required_cache_length(method: Method, params: dict[str, Any], verifier: Model, drafter: Model | Drafter | None,
+                          prompt_width: int, max_new_tokens: int) -> int:
   """Cache positions a run needs: the padded prompt's (`base.prompt_cache_positions`: its width, 1 for an
   encoder-decoder), the new tokens, the method's overhang (`Method.cache_overhang`: one step's writes
-  beyond them) and the drafter's (`Drafter.cache_overhang`: a cascade's review call). `params`: resolved."""
-  overhang = method.cache_overhang(params) + (drafter.cache_overhang if drafter is not None else 0)
-  return max(base.prompt_cache_positions(m, prompt_width) for m in models) + max_new_tokens + overhang
+  beyond them) and the drafter's (`Drafter.cache_overhang`: a cascade's review call). `params`: resolved;
+  `drafter`: as the method's decode function gets it (None, a model or a `Drafter`)."""
+  networks = [verifier] + ([] if drafter is None else [drafter.model if isinstance(drafter, ModelDrafter) else drafter])
+  overhang = method.cache_overhang(params) + (drafter.cache_overhang if isinstance(drafter, Drafter) else 0)
+  return max(base.prompt_cache_positions(m, prompt_width) for m in networks) + max_new_tokens + overhang
 
 
 def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts: Array,
@@ -160,12 +162,8 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
   else:
     drafter = as_drafter(drafter)
   common.check_models(drafter, verifier)
-  pair = [verifier] if drafter is None else [drafter, verifier]
-  # How many cache positions a prompt takes is the networks' business (an encoder-decoder's: one).
-  networks = [m.model if isinstance(m, ModelDrafter) else m for m in pair]
-  positions = cache_length(spec, params, networks, prompts.shape[1], max_new_tokens,
-                           drafter if isinstance(drafter, Drafter) else None)
-  common.check_prompts(prompts, prompt_lengths, positions, pair)
+  positions = required_cache_length(spec, params, verifier, drafter, prompts.shape[1], max_new_tokens)
+  common.check_prompts(prompts, prompt_lengths, positions, [verifier] if drafter is None else [drafter, verifier])
   traced = {name: jnp.float32(value) for name, value in spec.traced(params).items()}
   args = (drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), row_ids,
           sampling, traced)
@@ -180,10 +178,11 @@ def _generate(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling
   # Traced under the models' mesh, if any: the models then gather their logits over 'model' once per call
   # (`partitioning.gather_vocab`).
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
-    return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths, sampling=sampling,
-                                  max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
-                                  **traced, **dict(static))
+    return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths,
+                                  sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                                  cache_length=cache_length, **traced, **dict(static))
 
 
-# The method list of `generate`'s docstring, from the registry.
-generate.__doc__ = generate.__doc__.replace("{methods}", methods.describe(indent=4))
+# The method list of `generate`'s docstring, from the registry (no docstrings under python -OO).
+if generate.__doc__:
+  generate.__doc__ = generate.__doc__.replace("{methods}", methods.describe(indent=4))

@@ -22,7 +22,7 @@ import numpy as np
 from flax import struct
 
 from specdec import checks
-from specdec.decoding.drafters import Drafter, ModelDrafter
+from specdec.decoding.drafters import Drafter
 from specdec.models.base import Model, is_encoder_decoder
 
 Array = jax.Array
@@ -224,14 +224,13 @@ def finish(emitted: Emitted, stats: Stats) -> Output:
 
 
 def check_models(drafter: Model | Drafter | None, verifier: Model) -> None:
-  """The same vocabulary; for a model drafter, the prompt read the same way (both decoder-only or both
-  encoder-decoder)."""
+  """The same vocabulary, and the prompt read the same way (both decoder-only or both encoder-decoder)."""
   if drafter is not None and drafter.vocab_size != verifier.vocab_size:
     raise ValueError(f"drafter and verifier vocabularies differ: drafter vocab_size={drafter.vocab_size}, "
                      f"verifier vocab_size={verifier.vocab_size}")
-  model = drafter.model if isinstance(drafter, ModelDrafter) else drafter
   # The loops commit both caches to the verifier's lengths: both must hold the same positions.
-  if model is not None and not isinstance(model, Drafter) and is_encoder_decoder(model) != is_encoder_decoder(verifier):
+  reads_encoder_input = drafter.encoder_decoder if isinstance(drafter, Drafter) else is_encoder_decoder(drafter)
+  if drafter is not None and reads_encoder_input != is_encoder_decoder(verifier):
     raise ValueError("drafter and verifier must both be decoder-only or both encoder-decoder models: "
                      "one reads the prompt as its decoder prefix, the other as its encoder input")
 

@@ -30,7 +30,7 @@ from specdec import sampling as sampling_lib
 from specdec.decoding import common, speculative
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, observe_chunk
 from specdec.decoding.methods import GAMMA, Method, Param, register
-from specdec.models.base import Cache, Model, prefill, rollback
+from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback
 
 Array = jax.Array
 
@@ -73,6 +73,9 @@ class VerticalCascade(Drafter):
     if self.lower.vocab_size != self.upper.vocab_size:
       raise ValueError(f"VerticalCascade levels have different vocabularies: upper vocab_size="
                        f"{self.upper.vocab_size}, lower vocab_size={self.lower.vocab_size}")
+    if self.lower.encoder_decoder != is_encoder_decoder(self.upper):
+      raise ValueError("VerticalCascade levels must read the prompt alike (both decoder-only or both "
+                       "encoder-decoder)")
 
   @property
   def vocab_size(self) -> int:
@@ -81,6 +84,10 @@ class VerticalCascade(Drafter):
   @property
   def max_length(self) -> int:
     return min(self.upper.max_length, self.lower.max_length)
+
+  @property
+  def encoder_decoder(self) -> bool:
+    return is_encoder_decoder(self.upper)
 
   @property
   def cache_overhang(self) -> int:
@@ -179,6 +186,9 @@ class HorizontalCascade(Drafter):
     vocabs = {stage.vocab_size for stage in self.stages}
     if len(vocabs) != 1:
       raise ValueError(f"HorizontalCascade stages have different vocabularies: {sorted(vocabs)}")
+    if len({stage.encoder_decoder for stage in self.stages}) != 1:
+      raise ValueError("HorizontalCascade stages must read the prompt alike (all decoder-only or all "
+                       "encoder-decoder)")
     if any(stage.variable_length for stage in self.stages[:-1]):
       raise ValueError("only the last stage of a HorizontalCascade may draft a variable number of tokens")
 
@@ -189,6 +199,10 @@ class HorizontalCascade(Drafter):
   @property
   def vocab_size(self) -> int:
     return self.stages[0].vocab_size
+
+  @property
+  def encoder_decoder(self) -> bool:
+    return self.stages[0].encoder_decoder
 
   @property
   def max_length(self) -> int:

@@ -34,7 +34,7 @@ from flax import struct
 
 from specdec import rng
 from specdec import sampling as sampling_lib
-from specdec.models.base import Cache, Model, prefill, rollback
+from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback
 
 Array = jax.Array
 
@@ -58,7 +58,8 @@ class Draft:
 class Drafter:
   """What speculative methods need from whatever proposes drafts (module docstring). A subclass (a
   `flax.struct.dataclass`) implements `vocab_size`, `start`, `propose` and `rollback`; the other members
-  have defaults that a drafter overrides where it differs."""
+  have defaults that a drafter overrides where it differs (a property, or a field given its own default:
+  a bare field annotation would take the class default below and reorder the dataclass's fields)."""
 
   # Whether rows may draft fewer than max_drafts tokens in a block (`Draft.n_drafted`): the verifier then
   # scores only the longest row's block.
@@ -67,6 +68,8 @@ class Drafter:
   cache_overhang: int = 0
   # The longest cache it supports (a model's max_length; a drafter without a network: any).
   max_length: int = 1 << 30
+  # Whether it reads the prompt as an encoder input (a T5 model): its positions then match a T5 verifier's.
+  encoder_decoder: bool = False
 
   vocab_size: int
 
@@ -89,8 +92,9 @@ class Drafter:
                               "HorizontalCascade stage")
 
   def catch_up(self, draft: Draft, rows: Array, sampling: sampling_lib.Sampling) -> Draft:
-    """`draft` with its `pending` last drafts scored for `rows` [B]; a drafter that leaves none pending
-    returns it as it is."""
+    """`draft` with its `pending` last drafts scored for `rows` [B] (only for drafters that leave some)."""
+    if draft.pending is not None:
+      raise NotImplementedError(f"{type(self).__name__} left drafts pending but cannot catch up on them")
     return draft
 
 
@@ -136,6 +140,10 @@ class ModelDrafter(Drafter):
   @property
   def max_length(self) -> int:
     return self.model.max_length
+
+  @property
+  def encoder_decoder(self) -> bool:
+    return is_encoder_decoder(self.model)
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Cache, Array]:
     last, cache = prefill(self.model, self.model.init_cache(prompts.shape[0], cache_length), prompts,

@@ -158,7 +158,3 @@ ALPHA = Param("alpha", 0.0, traced=True, check=_check_alpha,
 GAMMA = Param("gamma", 5, traced=False, check=lambda gamma, params: checks.check_gamma(gamma),
               help="draft tokens per block γ, an int >= 1")
 
-
-def block_overhang(params: Mapping[str, Any]) -> int:
-  """A block of γ drafts and the token after them: the verifier scores γ + 1 positions."""
-  return params["gamma"] + 1

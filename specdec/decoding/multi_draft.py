@@ -33,7 +33,7 @@ from specdec import spectr as spectr_lib
 from specdec import tree as tree_lib
 from specdec import verify
 from specdec.decoding import common
-from specdec.decoding.drafters import Draft, Drafter, ModelDrafter
+from specdec.decoding.drafters import Draft, ModelDrafter
 from specdec.decoding.methods import GAMMA, Method, Param, register
 from specdec.decoding.speculative import PairState, commit
 from specdec.models.base import Cache, Model, rollback, scores_trees
@@ -54,10 +54,11 @@ class DraftSet:
 
 
 @struct.dataclass
-class IIDDrafts(Drafter):
+class IIDDrafts:
   """K i.i.d. drafts from one model: its cache rows are replicated K times (row b·K + k is copy k of row b,
-  as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently. A `Drafter`
-  whose `propose` gives a `DraftSet` (K drafts per row), not a `Draft`."""
+  as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently. It answers
+  start / propose / rollback like a `Drafter`, but `propose` gives a `DraftSet` (K drafts per row): it is the
+  multi-draft loop's own, not a drafter for the other methods."""
   model: Model
   num_drafts: int = struct.field(pytree_node=False)
 
@@ -70,12 +71,8 @@ class IIDDrafts(Drafter):
                                                  cache_length)
     return cache, last[::self.num_drafts]
 
-  @property
-  def vocab_size(self) -> int:
-    return self.model.vocab_size
-
-  def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
-              keep_drafting: None = None) -> DraftSet:
+  def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling
+              ) -> DraftSet:
     """K drafts of γ tokens after `last` [B] (`key`: one per row [B]): γ+1 calls over [B·K] rows (the last
     one scores d_γ, so the cache covers a fully accepted draft). Unlike `speculative`, the call on d_γ is
     made in every block: a call after selection, only where a whole draft was kept, put a `lax.cond` around

@@ -23,7 +23,7 @@ from specdec import sampling as sampling_lib
 from specdec import checks, rng, targets, verify
 from specdec.decoding import common
 from specdec.decoding.drafters import Draft, Drafter, ModelDrafter
-from specdec.decoding.methods import ALPHA, GAMMA, RULE, Method, Param, block_overhang, register
+from specdec.decoding.methods import ALPHA, GAMMA, RULE, Method, Param, register
 from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
@@ -190,11 +190,17 @@ def specdec_pp(key: Array, drafter: Drafter, verifier: Model, prompts: Array, pr
   head predicts P(some draft rejected) > h = `stop_threshold` (at most `max_gamma` drafts; the verifier
   scores only the longest row's block). `drafter`: a `ModelDrafter` with a `head`."""
   if not isinstance(drafter, ModelDrafter) or drafter.head is None:
-    raise ValueError("method 'specdec_pp' needs a drafter with an acceptance head: "
-                     "decoding.ModelDrafter(model, head=training.load_head(export_directory))")
+    raise ValueError("method 'specdec_pp' needs a drafter with an acceptance head: decoding.ModelDrafter(model, "
+                     "head=…), e.g. training.exports.drafter_for(method, model, "
+                     "exports.load_parts(export_directory))")
   return speculative(key, drafter.replace(stop_threshold=stop_threshold), verifier, prompts, prompt_lengths,
                      sampling=sampling, rule="spec", alpha=0.0, gamma=max_gamma, max_new_tokens=max_new_tokens,
                      eos_id=eos_id, cache_length=cache_length)
+
+
+def block_overhang(params) -> int:
+  """A block of γ drafts and the token after them: the verifier's call writes γ + 1 positions."""
+  return params["gamma"] + 1
 
 
 register(Method(

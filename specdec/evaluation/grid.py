@@ -27,7 +27,6 @@ from specdec.data import SPLITS, seqio_tasks, shipped, tasks
 # Keys every stored point has, None where the method does not read them: results written before the method
 # registry (when these four were a point's only parameters) keep their hashes.
 _RECORD_KEYS = ("rule", "alpha", "gamma", "fallback_alpha")
-MODELS = ("pair", "drafter", "verifier")   # both models, or one of them decoding alone (autoregressive)
 
 
 @dataclasses.dataclass(frozen=True)

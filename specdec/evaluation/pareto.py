@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 
 from specdec import decoding, targets  # noqa: E402
-from specdec.evaluation.sweep import read_results  # noqa: E402
+from specdec.evaluation.results import read_results  # noqa: E402
 
 Record = dict[str, Any]
 
@@ -53,6 +53,7 @@ SERIES_ORDER: dict[str, Callable[[Mapping[str, Any]], float]] = {
 # not listed here does not split a family's legend entry.
 SYMBOLS = {"gamma": "γ", "fallback_alpha": "α_f", "model_drafts": "k_m", "lower_gamma": "k_l", "gate": "g",
            "max_gamma": "Γ", "num_drafts": "K"}
+
 
 def frontier(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
   """The Pareto-optimal (cost, quality) pairs, by increasing cost: those no other pair beats with cost ≤
@@ -228,9 +229,9 @@ def table2_markdown(records: Sequence[Record]) -> str:
   return "\n".join(sections)
 
 
-# Methods that draft several drafts per block (a `num_drafts` parameter): SpecTr's table compares them.
-MULTI_DRAFT_METHODS = tuple(name for name, method in decoding.METHODS.items()
-                            if any(p.name == "num_drafts" for p in method.params))
+def multi_draft_methods() -> list[str]:
+  """The methods that draft several drafts per block (a `num_drafts` parameter): SpecTr's table's."""
+  return [name for name, method in decoding.METHODS.items() if any(p.name == "num_drafts" for p in method.params)]
 
 
 def multi_draft_markdown(records: Sequence[Record]) -> str:
@@ -242,7 +243,7 @@ def multi_draft_markdown(records: Sequence[Record]) -> str:
   for group in group_records(records):
     members = [r for rs in group.series.values() for r in rs if r["point"]["method"] in names
                and r["point"]["rule"] in (None, "spec")]
-    if not any(r["point"]["method"] in MULTI_DRAFT_METHODS for r in members):
+    if not any(r["point"]["method"] in multi_draft_methods() for r in members):
       continue
     spec = {r["point"]["gamma"]: r for r in members if r["point"]["method"] == "speculative"}
     drafts = sorted({r["point"].get("num_drafts") or 1 for r in members})

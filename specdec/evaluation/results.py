@@ -19,6 +19,7 @@ import pathlib
 import platform
 import subprocess
 import sys
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -35,10 +36,11 @@ def digest(value: Any) -> str:
   return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def files_digest(root: pathlib.Path, skip: str | None = None, pattern: str = "*") -> str:
-  """Names and contents of the files under `root` matching `pattern` (none inside a folder named `skip`)."""
+def files_digest(root: pathlib.Path, skip: Collection[str] = (), pattern: str = "*") -> str:
+  """Names and contents of the files under `root` matching `pattern` (none inside a folder named in `skip`)."""
   sha = hashlib.sha256()
-  for file in sorted(p for p in root.rglob(pattern) if p.is_file() and skip not in p.relative_to(root).parts):
+  for file in sorted(p for p in root.rglob(pattern)
+                     if p.is_file() and not set(skip) & set(p.relative_to(root).parts)):
     sha.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
   return sha.hexdigest()[:16]
 

@@ -51,7 +51,7 @@ from specdec.evaluation.results import (append_result, code_digest, device, dige
                                         git_commit, host_shard, point_hash, read_results)
 from specdec.models import partitioning
 from specdec.models.base import Model
-from specdec.training import acceptance, checkpoint, exports
+from specdec.training import checkpoint, exports
 
 
 # --- models and examples -------------------------------------------------------------------------------
@@ -146,17 +146,19 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
   """The checks `generate` makes on prompts and models (vocabulary, lengths, cache room for the method
   that needs the most), once for the whole grid."""
   common.check_models(workload.drafter, workload.verifier)
-  pair = [workload.drafter, workload.verifier]
 
-  def cache_length(point: Point) -> int:
+  def required(point: Point) -> int:
     method = decoding.methods.get(point.method)
-    if point.model == "pair":   # a drafter made of export parts the drafter lacks is an error now
-      exports.drafter_for(method, workload.drafter, workload.drafter_parts)
-    return decoding.cache_length(method, method.resolve(dict(point.params)), pair, workload.prompts.shape[1],
-                                 workload.max_new_tokens)
+    # The drafter as `decode_rows` builds it (a method needing export parts the drafter lacks fails here).
+    drafter = (exports.drafter_for(method, workload.drafter, workload.drafter_parts) if point.model == "pair"
+               else None)
+    verifier = workload.drafter if point.model == "drafter" else workload.verifier
+    return decoding.required_cache_length(method, method.resolve(dict(point.params)), verifier, drafter,
+                                          workload.prompts.shape[1], workload.max_new_tokens)
 
   try:
-    common.check_prompts(workload.prompts, workload.prompt_lengths, max(cache_length(p) for p in points), pair)
+    common.check_prompts(workload.prompts, workload.prompt_lengths, max(required(p) for p in points),
+                         [workload.drafter, workload.verifier])
   except ValueError as e:
     raise ValueError(f"{e} (Experiment.max_prompt_tokens, max_new_tokens)") from None
 
@@ -260,8 +262,9 @@ def run_point(point: Point, workload: Workload) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def _directory_digest(path: str) -> str:
-  """The model's files; an acceptance head kept in the directory has its own entry in the context."""
-  return files_digest(pathlib.Path(path), skip=acceptance.HEAD_DIRECTORY)
+  """The model's files; the export parts kept in the directory (an acceptance head) have their own entries
+  in the context."""
+  return files_digest(pathlib.Path(path), skip=tuple(exports.PARTS))
 
 
 def _model_identity(source: ModelSource, model: Model) -> dict[str, Any]:
@@ -276,11 +279,11 @@ def context(experiment: Experiment, workload: Workload) -> dict[str, Any]:
   seed), the examples (a digest of prompts and references) and the run settings."""
   data = hashlib.sha256(workload.prompts.tobytes() + workload.prompt_lengths.tobytes()
                         + json.dumps(workload.references).encode()).hexdigest()[:16]
-  parts = _parts_directory(experiment.drafter)
-  # Only present with a head, so that results recorded before heads existed keep their hashes.
-  with_head = ({"drafter_head": files_digest(pathlib.Path(parts, acceptance.HEAD_DIRECTORY))}
-               if acceptance.HEAD_DIRECTORY in exports.present(parts) else {})
-  return {**with_head, "drafter": _model_identity(experiment.drafter, workload.drafter),
+  directory = _parts_directory(experiment.drafter)
+  # Only the parts present, so that results recorded before a kind of part existed keep their hashes.
+  parts = {exports.PARTS[name].context_key: files_digest(pathlib.Path(directory, name))
+           for name in exports.present(directory)}
+  return {**parts, "drafter": _model_identity(experiment.drafter, workload.drafter),
           "verifier": _model_identity(experiment.verifier, workload.verifier),
           "task": experiment.task, "split": experiment.split, "data": data,
           "n_examples": experiment.n_examples, "batch_size": workload.batch_size,

@@ -22,15 +22,17 @@ from specdec.training import acceptance
 @dataclasses.dataclass(frozen=True)
 class Part:
   """A part of a model's export directory (a subdirectory `name`/): what it is, how to read it from the
-  export directory, and how to make one."""
+  export directory, how to make one, and the key of its digest in a sweep's run context."""
   name: str
   what: str
   load: Callable[[str], Any]
   how: str
+  context_key: str
 
 
 PARTS = {part.name: part for part in (
-    Part(acceptance.HEAD_DIRECTORY, "acceptance head", acceptance.load_head, "scripts/train_acceptance_head.py"),)}
+    Part(acceptance.HEAD_DIRECTORY, "acceptance head", acceptance.load_head, "scripts/train_acceptance_head.py",
+         context_key="drafter_head"),)}
 
 
 def present(directory: str | None) -> list[str]:

@@ -173,7 +173,7 @@ def test_bad_cascade_arguments_are_refused():
 
 
 def test_a_three_level_vertical_cascade_keeps_the_verifiers_greedy_output():
-  """verifier ← model A ← (model B ← Max-Gram): the recursion of CSD's Alg. 1, through the Drafter protocol."""
+  """verifier ← model A ← (model B ← Max-Gram): the recursion of CSD's Alg. 1, through the Drafter interface."""
   verifier = models.build("tiny", vocab_size=12, seed=4, max_length=128)
   middle, bottom = (models.build("tiny", vocab_size=12, seed=s, max_length=128) for s in (5, 6))
   rng = np.random.default_rng(7)

@@ -112,3 +112,16 @@ def test_speculative_sampling_with_gated_max_gram_keeps_the_verifiers_sequence_l
              what="speculative/gated MaxGram")
   drafted, calls = np.asarray(out.stats.drafted), np.asarray(out.stats.verifier_calls)
   assert 0 < drafted.sum() < 2 * calls.sum()                           # some blocks drafted, some did not
+
+
+def test_a_drafter_reading_the_prompt_unlike_the_verifier_is_refused():
+  """Both caches are committed to the verifier's lengths: a drafter that holds the prompt (Max-Gram, a
+  decoder-only model) cannot serve an encoder-decoder verifier, nor mix with one in a cascade."""
+  t5_model = models.build("t5_tiny", vocab_size=16, seed=0, max_length=32)
+  prompts = jnp.zeros((1, 4), jnp.int32)
+  with pytest.raises(ValueError, match="both be decoder-only or both encoder-decoder"):
+    decoding.generate(jax.random.PRNGKey(0), decoding.MaxGram(16), t5_model, prompts, method="speculative",
+                      max_new_tokens=4)
+  with pytest.raises(ValueError, match="read the prompt alike"):
+    decoding.VerticalCascade(t5_model, decoding.MaxGram(16))
+  assert decoding.ModelDrafter(t5_model).encoder_decoder and not decoding.MaxGram(16).encoder_decoder
