@@ -32,7 +32,8 @@ import numpy as np
 from specdec import cli, decoding
 from specdec.data import load_vocabulary, shipped, tasks
 from specdec.models.base import is_encoder_decoder
-from specdec.training import exports, load_model
+from specdec.training import exports
+from specdec.training.convert import load_any
 
 PROG = "specdec-generate"
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -76,7 +77,8 @@ def _method_help(name: str) -> str:
 def _parser() -> argparse.ArgumentParser:
   parser = cli.parser(PROG, __doc__)
   models = parser.add_argument_group("models")
-  models.add_argument("--verifier", required=True, metavar="DIR", help="the verifier: an exported model directory")
+  models.add_argument("--verifier", required=True, metavar="DIR", help="the verifier: an exported model directory, or a "
+                      "Hugging Face save_pretrained directory (T5, Gemma 2)")
   models.add_argument("--drafter", metavar="DIR", help="the drafter (every method but autoregressive)")
   models.add_argument("--head", metavar="DIR", help="a directory holding the parts of the drafter's export that "
                       + ", ".join(f"{m.name} reads ({', '.join(m.export_parts)}/)" for m in decoding.METHODS.values()
@@ -180,7 +182,7 @@ def _drafter(args: argparse.Namespace, method: decoding.Method):
   directory = _model_directory(args.drafter, "drafter")
   parts = exports.load_parts(_model_directory(args.head, "head") if args.head else directory, method.export_parts,
                              user=f"--method {method.name}", option="--head DIR")
-  return exports.drafter_for(method, load_model(directory), parts)
+  return exports.drafter_for(method, load_any(directory), parts)
 
 
 def _decode(drafter, verifier, batches, *, method: str, params: dict[str, Any], settings: dict[str, Any]
@@ -226,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   _count_compilations()
   cache_before = dict(_cache_counts)
   vocab = load_vocabulary(args.vocab)
-  verifier = load_model(_model_directory(args.verifier, "verifier"))
+  verifier = load_any(_model_directory(args.verifier, "verifier"))
   drafter = _drafter(args, method)
   if vocab.vocab_size > verifier.vocab_size:
     raise ValueError(f"--vocab has {vocab.vocab_size} pieces, more than the verifier's {verifier.vocab_size} "

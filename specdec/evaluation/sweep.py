@@ -51,7 +51,7 @@ from specdec.evaluation.results import (append_result, code_digest, device, dige
                                         git_commit, host_shard, point_hash, read_results)
 from specdec.models import partitioning
 from specdec.models.base import Model
-from specdec.training import checkpoint, exports
+from specdec.training import convert, exports
 
 
 # --- models and examples -------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def _parts_directory(source: ModelSource) -> str | None:
 
 def _load_model(source: ModelSource, vocab: Vocabulary) -> Model:
   if source.path is not None:
-    return checkpoint.load_model(source.directory())
+    return convert.load_any(source.directory())
   return models.build(source.preset, vocab_size=source.vocab_size or vocab.vocab_size, seed=source.seed,
                       max_length=source.max_length)
 

@@ -74,6 +74,70 @@ def write_slots(cache: Array, new: Array, slots: Array) -> Array:
   return jax.vmap(write_row)(cache, new, slots)
 
 
+def empty_cache(batch_size: int, cache_length: int, *, max_length: int, num_layers: int, heads: int, head_dim: int,
+                dtype: Any) -> Cache:
+  """An empty decoder-only cache (lengths 0): keys and values, one [B, heads, cache_length, head_dim] array
+  per layer.
+
+  One array per layer, so a layer's attention reads and updates its own buffer (a stacked [layers, …]
+  array is sliced per layer, a copy on XLA:CPU). Head-major, so attention reads each head's keys
+  contiguously: with [.., C, H, D] XLA:CPU transposed the whole cache in every layer of every call."""
+  if not 1 <= cache_length <= max_length:
+    raise ValueError(f"cache_length must lie in [1, max_length={max_length}]; got {cache_length}")
+  shape = (batch_size, heads, cache_length, head_dim)
+  kv = {name: [jnp.zeros(shape, dtype) for _ in range(num_layers)] for name in ("keys", "values")}
+  return Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
+
+
+def new_entries(cache: Cache, tokens: Array, positions: Array | None, tree_mask: Array | None
+                ) -> tuple[Array, Array, Array]:
+  """Where a decoder-only `score` of tokens [B, n] writes and what each token sees, for a cache of
+  `empty_cache`'s layout: slots lengths[b] + i [B, n], position ids [B, n] (default the slots; a token tree
+  gives siblings one id) and the visible slots [B, n, C] (`visible_slots`). Raises ValueError when n
+  exceeds the cache."""
+  n, cache_length = tokens.shape[1], cache.kv["keys"][0].shape[2]
+  if n > cache_length:
+    raise ValueError(f"cannot score {n} tokens with a cache of length {cache_length}")
+  slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)
+  return slots, slots if positions is None else positions, visible_slots(cache.lengths, n, cache_length, tree_mask)
+
+
+def copy_slots(cache: Cache, source_rows: Array, source_slots: Array, target_slots: Array) -> Cache:
+  """Row b's entries at target_slots[b] [B, n] become row source_rows[b]'s at source_slots[b] (all read
+  before any is written), in every head-major [B, H, C, D] array of the cache; lengths unchanged. What a
+  model's `copy_slots` does (multi-draft loops keep one path of a scored token tree)."""
+  rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
+  # x[rows, :, slots] is [B, n, H, D].
+  kv = jax.tree.map(lambda x: x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop"),
+                    cache.kv)
+  return cache.replace(kv=kv)
+
+
+class Configured:
+  """`vocab_size` and `max_length` read from a model's `config` (its `vocab_size` and `max_len`)."""
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def max_length(self) -> int:
+    return self.config.max_len
+
+
+class DecoderOnly(Configured):
+  """A decoder-only model whose cache is `empty_cache`'s (its config names num_layers, cache_heads, head_dim,
+  max_len, dtype): `init_cache` and `copy_slots` are the module's functions."""
+
+  def init_cache(self, batch_size: int, cache_length: int) -> Cache:
+    cfg = self.config
+    return empty_cache(batch_size, cache_length, max_length=cfg.max_len, num_layers=cfg.num_layers,
+                       heads=cfg.cache_heads, head_dim=cfg.head_dim, dtype=cfg.dtype)
+
+  def copy_slots(self, cache: Cache, source_rows: Array, source_slots: Array, target_slots: Array) -> Cache:
+    return copy_slots(cache, source_rows, source_slots, target_slots)
+
+
 def rollback(cache: Cache, lengths: Array) -> Cache:
   """Resets every row's length (KV-cache rollback is a length reset, not a copy)."""
   return cache.replace(lengths=jnp.asarray(lengths, jnp.int32))

@@ -1,7 +1,7 @@
 """SPMD partitioning (layer 2): a ('data', 'model') device mesh and t5x-style logical axis rules.
 
-Every parameter gets logical axis names from its path (T5X's parameter names for `t5.T5`, and the
-decoder-only `TransformerLM`'s), and `DEFAULT_RULES` map logical names to mesh axes as t5x's
+Every parameter gets logical axis names from its path (T5X's parameter names for `t5.T5`, the decoder-only
+`TransformerLM`'s and the gemma library's for `gemma2.Gemma2`), and `DEFAULT_RULES` map logical names to mesh axes as t5x's
 `standard_logical_axis_rules` do: the vocabulary, MLP and attention-head dimensions are split over
 'model', the embedding dimension is replicated, batches are split over 'data'.
 
@@ -31,7 +31,7 @@ AXES = (DATA, MODEL)
 # (logical axis name, mesh axis or None), t5x's standard rules for the names our parameters use.
 DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", DATA), ("vocab", MODEL), ("mlp", MODEL), ("heads", MODEL), ("joined_kv", MODEL),
-    ("embed", None), ("kv", None), ("relpos_buckets", None))
+    ("embed", None), ("kv", None), ("relpos_buckets", None), ("stack", None))
 
 # (regular expression on the "/"-joined parameter path, logical axes of its dimensions); first match wins.
 _LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -54,6 +54,15 @@ _LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"^block_\d+/mlp/dense_in/bias$", ("mlp",)),
     (r"^block_\d+/mlp/dense_out/kernel$", ("mlp", "embed")),
     (r"^(block_\d+/)?(ln_attention|ln_mlp|final_norm|mlp/dense_out)/(scale|bias)$", ("embed",)),
+    # Gemma 2 (the gemma library's names): models/gemma2.py; the leading 2 of kv_einsum / gating_einsum
+    # (keys and values; gate and up) is replicated.
+    (r"^embedder/input_embedding$", ("vocab", "embed")),
+    (r"^layer_\d+/attn/q_einsum/w$", ("heads", "embed", "kv")),
+    (r"^layer_\d+/attn/kv_einsum/w$", ("stack", "heads", "embed", "kv")),
+    (r"^layer_\d+/attn/attn_vec_einsum/w$", ("heads", "kv", "embed")),
+    (r"^layer_\d+/mlp/gating_einsum$", ("stack", "mlp", "embed")),
+    (r"^layer_\d+/mlp/linear$", ("mlp", "embed")),
+    (r"^(layer_\d+/(pre_attention|post_attention|pre_ffw|post_ffw)_norm|final_norm)/scale$", ("embed",)),
 )
 
 

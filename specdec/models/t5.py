@@ -338,7 +338,7 @@ class T5Network(nn.Module):
 
 
 @struct.dataclass
-class T5:
+class T5(base.Configured):
   """A `T5Network` bound to its parameters; implements `base.Model` with the prompt as encoder input.
 
   A pytree: `params` are leaves (a jitted loop takes them as arguments), the config is static. The cache
@@ -347,14 +347,6 @@ class T5:
   """
   params: Any
   config: T5Config = struct.field(pytree_node=False)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def max_length(self) -> int:
-    return self.config.max_len
 
   @property
   def prompt_cache_positions(self) -> int:

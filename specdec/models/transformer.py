@@ -61,6 +61,10 @@ class TransformerConfig:
   def head_dim(self) -> int:
     return self.qkv_dim // self.num_heads
 
+  @property
+  def cache_heads(self) -> int:
+    return self.num_heads
+
 
 def sinusoidal_embedding(positions: Array, features: int) -> Array:
   """lm1b's sinusoidal position table evaluated at `positions` [B, n] -> [B, n, features].
@@ -163,21 +167,13 @@ class Transformer(nn.Module):
 
 
 @struct.dataclass
-class TransformerLM:
+class TransformerLM(base.DecoderOnly):
   """A `Transformer` bound to its parameters; implements `base.Model`.
 
   A pytree: `params` are leaves (a jitted loop takes them as arguments), the config is static.
   """
   params: Any
   config: TransformerConfig = struct.field(pytree_node=False)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def max_length(self) -> int:
-    return self.config.max_len
 
   def logits(self, tokens: Array, *, return_hidden: bool = False) -> Array | tuple[Array, Array]:
     """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1 (and with `return_hidden`
@@ -187,19 +183,6 @@ class TransformerLM:
     logits, _, hidden = Transformer(self.config).apply({"params": self.params}, tokens, positions,
                                                        base.causal(b, length))
     return (logits, hidden) if return_hidden else logits
-
-  def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
-    """An empty cache: keys, values (one [B, heads, cache_length, head_dim] array per layer), lengths [B] = 0.
-
-    One array per layer, so a layer's attention reads and updates its own buffer (a stacked
-    [layers, …] array is sliced per layer, a copy on XLA:CPU). Head-major, so attention reads each head's
-    keys contiguously: with [.., C, H, D] XLA:CPU transposed the whole cache in every layer of every call."""
-    cfg = self.config
-    if not 1 <= cache_length <= cfg.max_len:
-      raise ValueError(f"cache_length must lie in [1, max_length={cfg.max_len}]; got {cache_length}")
-    shape = (batch_size, cfg.num_heads, cache_length, cfg.head_dim)
-    kv = {name: [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.num_layers)] for name in ("keys", "values")}
-    return base.Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
             tree_mask: Array | None = None, return_hidden: bool = False
@@ -213,28 +196,12 @@ class TransformerLM:
     dropped (no token sees them, in this call or later). With `return_hidden` also returns the last
     hidden states [B, n, E] (SpecDec++'s acceptance head reads them).
     """
-    b, n = tokens.shape
-    cache_length = cache.kv["keys"][0].shape[2]
-    if n > cache_length:
-      raise ValueError(f"cannot score {n} tokens with a cache of length {cache_length}")
-    slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)          # [B, n]
-    positions = slots if positions is None else positions
-    mask = base.visible_slots(cache.lengths, n, cache_length, tree_mask)
+    slots, positions, mask = base.new_entries(cache, tokens, positions, tree_mask)
     logits, (keys, values), hidden = Transformer(self.config).apply(
         {"params": self.params}, tokens, positions, mask, (cache.kv["keys"], cache.kv["values"], slots))
-    cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
+    cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + tokens.shape[1])
     logits = partitioning.gather_vocab(logits)
     return (logits, cache, hidden) if return_hidden else (logits, cache)
-
-  def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array
-                 ) -> base.Cache:
-    """Row b's keys/values at target_slots[b] [B, n] become row source_rows[b]'s at source_slots[b] (all read
-    before any is written); lengths unchanged. Multi-draft loops keep one path of a scored token tree."""
-    rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
-    # x[rows, :, slots] is [B, n, H, D], as in `SelfAttention`.
-    kv = jax.tree.map(lambda x: x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop"),
-                      cache.kv)
-    return cache.replace(kv=kv)
 
 
 def init(config: TransformerConfig, key: Array) -> TransformerLM:

@@ -9,7 +9,8 @@ into before reading any array, and turns every read failure into a `CheckpointEr
 corrupt or incomplete checkpoint raises; it never yields random or partial weights.
 
 An exported model (`save_params`) is a directory holding `params/` (orbax) and `model.json` (its spec:
-the architecture, 'transformer' (`TransformerLM`) or 't5' (`T5`), its preset and its config's fields).
+the architecture, 'transformer' (`TransformerLM`), 't5' (`T5`) or 'gemma2' (`Gemma2`), its preset and its
+config's fields).
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from specdec import models
-from specdec.models import t5, transformer
+from specdec.models import gemma2, t5, transformer
 
 _MODEL_JSON = "model.json"
 # architecture name -> (model class, config class, init(config, key) -> model)
 _ARCHITECTURES = {"transformer": (transformer.TransformerLM, transformer.TransformerConfig, transformer.init),
-                  "t5": (t5.T5, t5.T5Config, t5.init)}
-Model = transformer.TransformerLM | t5.T5
+                  "t5": (t5.T5, t5.T5Config, t5.init), "gemma2": (gemma2.Gemma2, gemma2.Gemma2Config, gemma2.init)}
+Model = transformer.TransformerLM | t5.T5 | gemma2.Gemma2
 
 
 class CheckpointError(Exception):

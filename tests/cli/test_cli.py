@@ -194,3 +194,21 @@ def test_every_command_reports_user_errors_in_one_line(name, argv, message, caps
   assert cli.run(module.main, argv, f"specdec-{name}") == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith(f"specdec-{name}: error: ") and message in err[0], err
+
+
+def test_hugging_face_gemma2_directories_decode_as_models(tmp_path):
+  """--drafter / --verifier take save_pretrained directories: a Gemma 2 pair written by transformers decodes
+  greedily to the verifier's own greedy tokens."""
+  import torch
+  import transformers
+  for name, seed in (("drafter", 0), ("verifier", 1)):
+    torch.manual_seed(seed)
+    transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=128, sliding_window=4,
+        query_pre_attn_scalar=8)).save_pretrained(tmp_path / name)
+  common = ["--verifier", str(tmp_path / "verifier"), "--no_cache", "--max_new_tokens", "8", "--no_eos",
+            "--temperature", "0", "--prompt", "a tool that converts images"]
+  alone = generate.main(common + ["--method", "autoregressive"])
+  speculative = generate.main(common + ["--drafter", str(tmp_path / "drafter"), "--method", "speculative"])
+  assert speculative[0]["tokens"] == alone[0]["tokens"] and len(alone[0]["tokens"]) == 8

@@ -1,0 +1,139 @@
+"""Gemma 2 (models/gemma2.py): the same logits as Hugging Face's `Gemma2ForCausalLM` on its own checkpoint
+(teacher-forced and through the cache, past the sliding window), the importer's refusals, and the decode
+loops' exactness with a Gemma 2 pair (greedy speculative = the verifier's greedy; T = 1 sequence laws)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import orbax.checkpoint as ocp
+import torch
+import transformers
+from flax import traverse_util
+from safetensors.numpy import load_file, save_file
+
+from specdec import decoding, models
+from specdec.models import gemma2, partitioning
+from specdec.training import CheckpointError, convert, load_model, save_params
+from tests.stats import assert_law, sequence_codes, sequence_law
+
+HF_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=6,
+                 query_pre_attn_scalar=8)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+  """A random 3-layer Gemma 2 (local, global, local; window 6) saved by transformers, with random norm
+  gains (their 0 init would hide a wrong 1 + w), and its directory."""
+  torch.manual_seed(0)
+  model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**HF_CONFIG, attn_implementation="eager")).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.normal_(0.0, 0.3)
+  directory = tmp_path_factory.mktemp("gemma2") / "hf"
+  model.save_pretrained(directory)
+  return model, directory
+
+
+def test_load_hf_gives_transformers_logits_teacher_forced_and_through_the_cache(hf_model):
+  model, directory = hf_model
+  ours = convert.load_hf(str(directory))
+  assert isinstance(ours, models.Gemma2) and ours.config.attention_types == ("local", "global", "local")
+  tokens = np.random.default_rng(0).integers(0, 64, (2, 20))          # longer than the window of 6
+  with torch.no_grad():
+    want = model(torch.as_tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(ours.logits(jnp.asarray(tokens, jnp.int32)), want, atol=1e-4, rtol=0)
+  cache, got = ours.init_cache(2, 24), []
+  for start, end in ((0, 7), (7, 8), (8, 13), (13, 20)):               # a prefill, one step, two blocks
+    logits, cache = ours.score(cache, jnp.asarray(tokens[:, start:end], jnp.int32))
+    got.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=1e-4, rtol=0)
+
+
+def test_load_hf_names_a_missing_or_misshaped_tensor_and_reads_t5_too(hf_model, tmp_path):
+  _, directory = hf_model
+  tensors = load_file(directory / "model.safetensors")
+  config = json.loads((directory / "config.json").read_text())
+  for name, broken, message in [("missing", {k: v for k, v in tensors.items() if "layers.1.mlp.up_proj" not in k},
+                                 "model.layers.1.mlp.up_proj.weight is missing"),
+                                ("misshaped", {**tensors, "model.layers.2.self_attn.k_proj.weight": np.zeros((8, 32))},
+                                 "model.layers.2.self_attn.k_proj.weight.*layer_2/attn/kv_einsum/w")]:
+    (tmp_path / name).mkdir()
+    save_file(broken, tmp_path / name / "model.safetensors")
+    (tmp_path / name / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+      convert.load_hf(str(tmp_path / name))
+  t5_model = models.build("t5_tiny", vocab_size=32, max_length=32)
+  assert isinstance(convert.load_hf(convert.save_hf_t5(t5_model, tmp_path / "t5"), max_length=32), models.T5)
+
+
+def test_logical_axes_cover_every_gemma2_parameter():
+  axes = partitioning.logical_axes(models.build("gemma2_tiny", vocab_size=16).params)
+  assert axes["layer_0"]["attn"]["kv_einsum"]["w"] == ("stack", "heads", "embed", "kv")
+  assert axes["embedder"]["input_embedding"] == ("vocab", "embed")
+
+
+def test_an_exported_gemma2_loads_back(tmp_path):
+  model = models.build("gemma2_tiny", vocab_size=16, seed=3, max_length=32)
+  tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
+  save_params(str(tmp_path / "export"), model, preset="gemma2_tiny")
+  back = load_model(str(tmp_path / "export"))
+  assert back.config == model.config
+  np.testing.assert_array_equal(back.logits(tokens), model.logits(tokens))
+
+
+def test_a_checkpoint_in_the_gemma_librarys_layout_loads(tmp_path):
+  """The released Flax checkpoints' Orbax tree: flat keys 'transformer/layer_i/…' holding {'w'} or {'scale'},
+  the MLP's weights as modules of one 'w' each."""
+  model = models.build("gemma2_tiny", vocab_size=16, seed=4)
+  stored = {}
+  for path, leaf in traverse_util.flatten_dict(model.params).items():
+    if path[-2] == "mlp":
+      stored[f"transformer/{'/'.join(path)}"] = {"w": np.asarray(leaf)}
+    else:
+      stored[f"transformer/{'/'.join(path[:-1])}"] = {path[-1]: np.asarray(leaf)}
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    checkpointer.save(str(tmp_path / "2b"), stored)
+  loaded = convert.load_gemma(str(tmp_path / "2b"), "gemma2_tiny", max_length=64)
+  tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]], jnp.int32)
+  np.testing.assert_array_equal(loaded.logits(tokens), model.logits(tokens))
+  with pytest.raises(CheckpointError, match="preset gemma2_2b.*wrong shape"):
+    convert.load_gemma(str(tmp_path / "2b"), "gemma2_2b")
+
+
+def _pair(vocab: int, window: int, scale: float = 1.0, max_length: int = 64) -> tuple[gemma2.Gemma2, gemma2.Gemma2]:
+  """A drafter and a verifier: tiny Gemma 2s whose local layers see `window` positions."""
+  config = gemma2.Gemma2Config(vocab_size=vocab, embed_dim=16, hidden_dim=32, num_layers=2, num_heads=2,
+                               num_kv_heads=1, head_dim=8, query_pre_attn_scalar=8.0, sliding_window=window,
+                               max_len=max_length)
+  return tuple(models.with_params(m, jax.tree.map(lambda w: scale * w, m.params))
+               for m in (gemma2.init(config, jax.random.PRNGKey(seed)) for seed in (1, 2)))
+
+
+@pytest.mark.parametrize("method, params", [("speculative", dict(gamma=3)), ("spectr", dict(num_drafts=2, gamma=2))])
+def test_greedy_decoding_with_a_gemma2_pair_is_the_verifiers_greedy(method, params):
+  """Ragged prompts, 24 new tokens: decoding runs far past the window of 4."""
+  drafter, verifier = _pair(32, window=4)
+  rng = np.random.default_rng(0)
+  prompts, lengths = jnp.asarray(rng.integers(0, 32, (3, 7)), jnp.int32), jnp.asarray([7, 2, 5], jnp.int32)
+  kw = dict(temperature=0.0, max_new_tokens=24, eos_id=None)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive", **kw)
+  got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method=method, **params, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert int(np.sum(got.stats.accepted)) > 0
+
+
+@pytest.mark.parametrize("method, params", [("speculative", dict(gamma=2)), ("spectr", dict(num_drafts=3, gamma=2))])
+def test_sampling_with_a_gemma2_pair_keeps_the_verifiers_sequence_law(method, params):
+  """3 tokens over V = 4 after a 3-token prompt (20k rows, T = 1), window 2: the local layers' window moves
+  within every sequence."""
+  vocab, n_new, samples, prompt = 4, 3, 20_000, np.array([2, 0, 1])
+  drafter, verifier = _pair(vocab, window=2, scale=0.25, max_length=32)   # far from one-hot laws
+  out = decoding.generate(jax.random.PRNGKey(5), drafter, verifier, jnp.broadcast_to(jnp.asarray(prompt), (samples, 3)),
+                          method=method, max_new_tokens=n_new, eos_id=None, **params)
+  assert_law(sequence_codes(out.tokens, vocab), sequence_law(verifier, prompt, n_new), what=method)
+  assert 0 < np.mean(np.asarray(out.stats.rejected)) and np.sum(np.asarray(out.stats.accepted)) > 0
