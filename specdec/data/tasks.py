@@ -99,20 +99,22 @@ def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decod
                    encoder_eos: bool = False) -> tuple[list[int], list[int]]:
   """(prompt ids, target ids ending in eos) of a record, each within its budget.
 
-  The prompt is the decoder-only one ("<prefix><input><separator>"), or with `encoder_decoder` T5's
-  encoder input ("<prefix><input>", + eos with `encoder_eos`, as seqio's tasks and so the T5 models
-  fine-tuned on them have it). An LM task's prompt is its text's first tokens either way.
+  The prompt is the decoder-only one ("<prefix><input><separator>", after the vocabulary's
+  `prompt_start`: <bos> where it has one), or with `encoder_decoder` T5's encoder input ("<prefix><input>",
+  + eos with `encoder_eos`, as seqio's tasks and so the T5 models fine-tuned on them have it). An LM task's
+  prompt is its text's first tokens either way.
   """
+  start = [] if encoder_decoder else vocab.prompt_start
   if task.input_field is None:
     text = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
     cut = min(task.lm_prompt_tokens, len(text) - 1)
-    return text[:cut], text[cut:]
+    return start + text[:cut], text[cut:]
   separator = [] if encoder_decoder else vocab.encode(task.separator)
   if encoder_decoder and encoder_eos:
     separator = [vocab.eos_id]
-  inputs = vocab.encode(task.inputs_and_targets(record)[0])[:task.max_input_tokens - len(separator)]
+  inputs = vocab.encode(task.inputs_and_targets(record)[0])[:task.max_input_tokens - len(separator) - len(start)]
   targets = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
-  return inputs + separator, targets
+  return start + inputs + separator, targets
 
 
 def prompt_batch(texts: Sequence[str], *, task: str | None = None, vocab: Vocabulary | None = None,
@@ -121,7 +123,8 @@ def prompt_batch(texts: Sequence[str], *, task: str | None = None, vocab: Vocabu
   """Texts as a decoding batch: prompts [B, W] int32 right-padded with 0 and prompt_lengths [B].
 
   With a `task`, each text is the task's input, formatted and cut as in training ("summarize: <text>
-  synopsis:"; `encode_example`); without one, the text's tokens as they are. W is the longest prompt
+  synopsis:"; `encode_example`); without one, the text's tokens as they are. Decoder-only prompts start
+  with the vocabulary's `prompt_start` (<bos> for Gemma's; nothing for the shipped one). W is the longest prompt
   rounded up to a multiple of `bucket`, so prompts of new lengths reuse the loops compiled for their
   bucket instead of compiling again. `vocab` defaults to the shipped vocabulary. An empty text, or one
   longer than the task's input budget (`Task.max_input_tokens`) unless `truncate` (cut as in training),
@@ -148,6 +151,8 @@ def prompt_batch(texts: Sequence[str], *, task: str | None = None, vocab: Vocabu
       raise ValueError(f"texts {cut} (0-based) are longer than task {task}'s input budget: {spec.max_input_tokens} tokens "
                        f"with its prefix and separator, text {cut[0]} needs {len(whole[cut[0]])}; shorten them, "
                        "or cut them as training does (truncate=True; specdec-generate --truncate)")
+  elif not encoder_decoder:
+    ids = [vocab.prompt_start + row for row in ids]
   lengths = np.array([len(row) for row in ids], np.int32)
   width = -(-int(lengths.max()) // bucket) * bucket
   prompts = np.zeros((len(ids), width), np.int32)

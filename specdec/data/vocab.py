@@ -64,6 +64,17 @@ class Vocabulary:
   def unk_id(self) -> int:
     return self._processor.unk_id()
 
+  @property
+  def bos_id(self) -> int | None:
+    """The beginning-of-sequence id (Gemma's <bos>), or None for a vocabulary without one (T5's, ours)."""
+    return None if self._processor.bos_id() < 0 else self._processor.bos_id()
+
+  @property
+  def prompt_start(self) -> list[int]:
+    """What a decoder-only prompt starts with: [bos] where the vocabulary has one (models trained with it,
+    e.g. Gemma, expect it), else nothing."""
+    return [] if self.bos_id is None else [self.bos_id]
+
   def encode(self, text: str) -> list[int]:
     """Ids of `text`, without eos (seqio appends it in preprocessing, as here the caller does)."""
     return self._processor.EncodeAsIds(text)

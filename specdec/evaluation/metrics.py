@@ -1,14 +1,20 @@
 """Quality and cost metrics of the speculative-cascades experiments (§6, App. F.1).
 
 Quality: BLEU for translation (sacrebleu's corpus BLEU, 13a tokenisation), ROUGE-2 for summarization
-(rouge-score's F-measure with stemming, averaged over examples, as Zhou et al. (2024)), and for the LM task
-the verifier's mean per-token log-likelihood of the generated text. Cost: the counters of
+(rouge-score's F-measure with stemming, averaged over examples, as Zhou et al. (2024)), for the LM task
+the verifier's mean per-token log-likelihood of the generated text, and for the few-shot benchmarks of §6
+exact match and token F1 of QA answers (SQuAD's normalisation, the best over a question's references) and
+GSM8K's final-answer exact match (the last number of the response against the one after '####'); MBPP's
+pass@1 runs code (`sandbox`). Cost: the counters of
 `specdec.decoding.Output.stats`, summed over examples, as rates (rejection rate: Figure 3, App. F.6).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import re
+import string
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
@@ -41,17 +47,59 @@ def rouge2(hypotheses: Sequence[str], references: Sequence[str]) -> float:
                                 for hyp, ref in zip(hypotheses, references)]))
 
 
-def example_statistics(metric: str, hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
+def normalize_answer(text: str) -> str:
+  """SQuAD's answer normalisation: lower case, no punctuation, no articles (a, an, the), single spaces."""
+  text = "".join(c for c in text.lower() if c not in string.punctuation)
+  return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def _token_f1(prediction: str, truth: str) -> float:
+  predicted, true = normalize_answer(prediction).split(), normalize_answer(truth).split()
+  common = sum((collections.Counter(predicted) & collections.Counter(true)).values())
+  if not predicted or not true:
+    return float(predicted == true)
+  if common == 0:
+    return 0.0
+  precision, recall = common / len(predicted), common / len(true)
+  return 2 * precision * recall / (precision + recall)
+
+
+def final_number(text: str) -> str | None:
+  """GSM8K's answer: what follows '####' in a reference, else the last number of the text (commas and a
+  trailing period dropped); None without one."""
+  if "####" in text:
+    text = text.split("####")[-1]
+  numbers = re.findall(r"-?[\d,]*\.?\d+", text)
+  return numbers[-1].replace(",", "").rstrip(".") if numbers else None
+
+
+def _answers(reference: str | Sequence[str]) -> list[str]:
+  return [reference] if isinstance(reference, str) else list(reference)
+
+
+def example_statistics(metric: str, hypotheses: Sequence[str], references: Sequence[str | Sequence[str]]
+                       ) -> np.ndarray:
   """Per-example statistics [N, k] from which `from_statistics` recomputes the corpus metric of any subset
   or resample of the examples: for BLEU sacrebleu's [hypothesis length, reference length, n-gram matches
-  (n = 1…4), n-gram totals (n = 1…4)], for ROUGE-2 the example's F-measure × 100."""
+  (n = 1…4), n-gram totals (n = 1…4)], for the others the example's score × 100 (ROUGE-2 F-measure;
+  exact_match, f1: the best over the example's references, a string or a list of them;
+  gsm8k_exact_match: final answers equal)."""
   _check_pairs(hypotheses, references)
   if metric == "bleu":
     return np.asarray(BLEU()._extract_corpus_statistics(list(hypotheses), [list(references)]), np.int64)
   if metric == "rouge2":
     scorer = _rouge2_scorer()
     return 100.0 * np.array([[scorer.score(ref, hyp)["rouge2"].fmeasure] for hyp, ref in zip(hypotheses, references)])
-  raise ValueError(f"metric must be 'bleu' or 'rouge2' for texts (log_likelihood scores tokens); got {metric!r}")
+  per_example = {
+      "exact_match": lambda hyp, ref: max(float(normalize_answer(hyp) == normalize_answer(a)) for a in _answers(ref)),
+      "f1": lambda hyp, ref: max(_token_f1(hyp, a) for a in _answers(ref)),
+      "gsm8k_exact_match": lambda hyp, ref: float(final_number(hyp) is not None
+                                                  and final_number(hyp) == final_number(ref)),
+  }
+  if metric not in per_example:
+    raise ValueError(f"metric must be one of bleu, rouge2, {', '.join(per_example)} for texts (log_likelihood "
+                     f"scores tokens); got {metric!r}")
+  return 100.0 * np.array([[per_example[metric](hyp, ref)] for hyp, ref in zip(hypotheses, references)])
 
 
 def from_statistics(metric: str, statistics: np.ndarray) -> float:

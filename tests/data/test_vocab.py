@@ -8,7 +8,7 @@ import shutil
 import pytest
 import sentencepiece as spm
 
-from specdec.data import debian, vocab
+from specdec.data import debian, tasks, vocab
 
 GERMAN = ["Größenänderung für Übersetzungen", "Äpfel, Öl, Übermut — straße"]
 ENGLISH = ["This package contains the development files for libfoo.",
@@ -87,9 +87,20 @@ def test_any_sentencepiece_model_loads_from_a_path_with_its_own_ids(tmp_path):
   path = tmp_path / "other.model"
   path.write_bytes(model.getvalue())
   other = vocab.load_vocabulary(path)
-  assert (other.unk_id, other.eos_id, other.pad_id) == (0, 2, -1)
+  assert (other.unk_id, other.eos_id, other.pad_id, other.bos_id) == (0, 2, -1, 1)
   assert other.path == path and other.vocab_size <= 60
   assert other.decode(other.encode(GERMAN[0])) == GERMAN[0]
+  # A vocabulary with <bos> (Gemma's) starts decoder-only prompts with it; T5's encoder inputs and the
+  # shipped vocabulary (no bos) are unchanged.
+  ids = other.encode(ENGLISH[0])
+  prompts, lengths = tasks.prompt_batch([ENGLISH[0]], vocab=other)
+  assert prompts[0, :lengths[0]].tolist() == [1] + ids
+  prompts, lengths = tasks.prompt_batch([ENGLISH[0]], vocab=other, encoder_decoder=True)
+  assert prompts[0, :lengths[0]].tolist() == ids
+  prompt, _ = tasks.encode_example(tasks.get_task("debian_synopsis"), other, {"document": ENGLISH[0], "summary": "x"})
+  assert prompt[0] == 1 and prompt.count(1) == 1
+  shipped = vocab.load_vocabulary()
+  assert shipped.bos_id is None and shipped.prompt_start == []
 
 
 def test_missing_or_invalid_path_raises_a_clear_error(tmp_path):

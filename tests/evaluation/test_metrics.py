@@ -111,3 +111,25 @@ def test_cost_metrics_of_a_model_alone_leave_undefined_rates_out():
   costs = metrics.cost_metrics(totals)
   assert costs["rejection_rate"] is None
   assert costs["tokens_per_verifier_call"] == 1.0 and costs["drafter_calls_per_token"] == 0.0
+
+
+def test_qa_exact_match_and_f1_follow_squads_normalisation_and_take_the_best_reference():
+  stats = metrics.example_statistics("exact_match", ["The Eiffel Tower!", "paris", "Rome"],
+                                     [["Eiffel tower", "la tour"], "Paris, France", ["Rome"]])
+  np.testing.assert_array_equal(stats[:, 0], [100.0, 0.0, 100.0])
+  # "paris" vs "paris france": precision 1, recall 1/2 -> F1 2/3; no shared token -> 0.
+  f1 = metrics.example_statistics("f1", ["paris", "an apple a day", "London"], ["Paris, France", "apple day", "Rome"])
+  np.testing.assert_allclose(f1[:, 0], [200.0 / 3, 100.0, 0.0])
+  assert metrics.from_statistics("f1", f1) == pytest.approx((200.0 / 3 + 100.0) / 3)
+  assert metrics.normalize_answer("  The  Answer, is: A cat. ") == "answer is cat"
+
+
+def test_gsm8k_exact_match_compares_final_numbers():
+  references = ["Natalia sold 48/2 = 24 clips in May.\n#### 72", "#### 1,200", "#### -3"]
+  hypotheses = ["48 + 24 = 72 clips. The answer is 72.", "She pays $1,200 in all.", "It is 3 degrees colder"]
+  np.testing.assert_array_equal(metrics.example_statistics("gsm8k_exact_match", hypotheses, references)[:, 0],
+                                [100.0, 100.0, 0.0])
+  assert metrics.final_number("no number here") is None and metrics.final_number("x = 3.5.") == "3.5"
+  assert metrics.example_statistics("gsm8k_exact_match", ["no answer"], ["#### 4"])[0, 0] == 0.0
+  with pytest.raises(ValueError, match="gsm8k_exact_match"):
+    metrics.example_statistics("accuracy", ["a"], ["a"])
