@@ -19,12 +19,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from specdec import decoding, models  # noqa: E402
 from specdec.evaluation import sweep  # noqa: E402
-from specdec.models import partitioning, t5  # noqa: E402
+from specdec.models import gemma2, partitioning, t5  # noqa: E402
 from specdec.training import train  # noqa: E402
 
 V = 64
 VERIFIER = t5.T5Config(vocab_size=V, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48, num_encoder_layers=2,
                        num_decoder_layers=2, max_len=64)
+GEMMA2 = gemma2.Gemma2Config(vocab_size=V, embed_dim=32, hidden_dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=8, query_pre_attn_scalar=8.0, sliding_window=4, max_len=64)
 MESHES = [(4, 2), (8, 1)]
 
 
@@ -36,11 +38,14 @@ def eight_devices():
 
 
 def _pair(kind):
-  """(drafter, verifier): a random T5, or a random decoder-only transformer with its weights scaled up so that
-  greedy outputs vary, and a drafter that is the verifier with its weights perturbed (drafts sometimes
-  rejected)."""
+  """(drafter, verifier): a random T5, a random Gemma 2 (4 query heads over 2 key/value heads, window 4: its
+  heads split over 'model'), or a random decoder-only transformer with its weights scaled up so that greedy
+  outputs vary, and a drafter that is the verifier with its weights perturbed (drafts sometimes rejected)."""
   if kind == "t5":
     verifier, noise = t5.init(VERIFIER, jax.random.PRNGKey(2)), 0.1
+  elif kind == "gemma2":   # weights scaled down: random Gemma 2 logits are otherwise nearly one-hot
+    verifier, noise = gemma2.init(GEMMA2, jax.random.PRNGKey(2)), 0.3
+    verifier = verifier.replace(params=jax.tree.map(lambda w: 0.25 * w, verifier.params))
   else:
     verifier, noise = models.build("tiny", vocab_size=V, seed=2, max_length=64), 0.3
     verifier = verifier.replace(params=jax.tree.map(lambda w: 3.0 * w, verifier.params))
@@ -97,7 +102,8 @@ def test_every_parameter_has_logical_axes_and_the_rules_split_the_large_dimensio
 @pytest.mark.parametrize("kind, shape, method, temperature", [
     (kind, shape, method, 0.0) for kind in ("t5", "lm") for shape in MESHES
     for method in ("autoregressive", "speculative")] + [
-    ("t5", (4, 2), "speculative", 1.0), ("lm", (4, 2), "speculative", 1.0), ("lm", (4, 2), "spectr", 1.0)])
+    ("t5", (4, 2), "speculative", 1.0), ("lm", (4, 2), "speculative", 1.0), ("lm", (4, 2), "spectr", 1.0),
+    ("gemma2", (4, 2), "speculative", 1.0)])
 def test_decoding_on_a_mesh_gives_the_one_device_tokens(kind, shape, method, temperature):
   """Parameters by the logical rules, prompts by rows over 'data': the same tokens as on one device, greedy
   and, for the same key, sampled (threefry's bits do not depend on the layout)."""
@@ -210,8 +216,11 @@ def test_a_sweep_on_a_mesh_records_the_one_device_quality(tmp_path):
   """`Experiment.mesh_shape`: quality batches on a (4, 2) mesh of this host's devices give the records of a
   one-device run (quality and counters; latency is wall-clock at batch 1 either way)."""
   from tests.evaluation.test_sweep import _outcomes, _smoke
-  one = sweep.run(_smoke(tmp_path / "one.jsonl"), progress=False)
-  mesh = sweep.run(_smoke(tmp_path / "mesh.jsonl", "Experiment.mesh_shape = (4, 2)"), progress=False)
-  assert _outcomes(mesh) == _outcomes(one)
+  # The smoke grid cut to the verifier alone and one speculative cascade point: both pass through the mesh.
+  smaller = ("Experiment.families = [@token_v3/Family()]", "token_v3/Family.alphas = [0.5]",
+             "Experiment.n_latency_examples = 1")
+  one = sweep.run(_smoke(tmp_path / "one.jsonl", *smaller), progress=False)
+  mesh = sweep.run(_smoke(tmp_path / "mesh.jsonl", "Experiment.mesh_shape = (4, 2)", *smaller), progress=False)
+  assert len(one) == 2 and _outcomes(mesh) == _outcomes(one)
   with pytest.raises(ValueError, match=r"batch_size 4 must be a multiple of the mesh's data axis \(8"):
     sweep.load_workload(_smoke(tmp_path / "bad.jsonl", "Experiment.mesh_shape = (8, 1)"))
