@@ -230,8 +230,8 @@ class Gemma2Network(nn.Module):
     new_keys, new_values = [], []
     for layer, kind in enumerate(cfg.attention_types):
       cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2])
-      x, keys, values = Block(cfg, name=f"layer_{layer}")(x, positions, visible & in_window if kind == LOCAL
-                                                          else visible, cached)
+      seen = visible & in_window if kind == LOCAL else visible
+      x, keys, values = Block(cfg, name=f"layer_{layer}")(x, positions, seen, cached)
       new_keys.append(keys)
       new_values.append(values)
     x = RMSNorm(cfg.rms_norm_eps, name="final_norm")(x)
