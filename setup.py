@@ -43,9 +43,10 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        # torch/transformers: the independent T5 implementation the import tests compare with.
+        # torch/transformers: the independent T5 and Gemma 2 implementations the import tests compare with;
+        # seqio (with TensorFlow and tfds): the seqio tasks and the few-shot benchmarks on tfds's mock data.
         # torch==2.13.0 is the CPU build on the machines' local index; a bare "torch" pulls CUDA packages.
-        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.45"],
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.45", "seqio>=0.0.20"],
         # seqio/tfds tasks and the seqio vocabulary adapter (TensorFlow, ~800 MB download)
         "seqio": ["seqio>=0.0.20"],
     },

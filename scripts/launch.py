@@ -1,8 +1,10 @@
-"""Launches the speculative-cascades paper's T5 experiments on a Cloud TPU VM slice with plain `gcloud`.
+"""Launches the speculative-cascades paper's T5 and Gemma experiments on a Cloud TPU VM slice with plain `gcloud`.
 
   python scripts/launch.py --config=configs/experiments/paper_t5_wmt.gin --tpu=v4-32 \
       --bucket=gs://my-bucket [--zone=us-central2-b] [--project=P] [--name=N] [--verifier=large]
       [--stage=all] [--dry_run]
+  python scripts/launch.py --config=configs/experiments/paper_gemma_2b_27b_gsm8k.gin --tpu=v5p-8 \
+      --bucket=gs://my-bucket [--batch_size=64] [--dry_run]
 
 Plain `gcloud compute tpus tpu-vm` commands rather than XManager: no extra dependency, and they are what a
 researcher would type by hand; `--dry_run` prints every command (shell-quoted, one per line) and runs
@@ -18,12 +20,20 @@ nothing. Stages, in order (`--stage` runs one, `all` every one; each command sto
   delete    the TPU VM
 The repository travels as `git archive HEAD` uploaded to the bucket (`upload`, part of `install`), so the
 slice runs the committed code.
+
+Gemma configs (configs/experiments/paper_gemma_2b_<9b|27b>_<task>.gin) have no finetune stage: `install`
+copies the Hugging Face checkpoints from `<bucket>/checkpoints/` and the sweep reads tfds data (and MBPP's
+mbpp.jsonl) from `<bucket>/tfds`. Every host sweeps its block of the grid on a mesh of its own chips holding
+both models, so the launch sizes that mesh (`size_mesh`): bf16 weights split over the 'model' axis, KV caches
+over both axes, per chip against 75 % of the chip's HBM; the widest 'data' axis that fits wins, and a slice
+whose hosts cannot hold the pair at `--batch_size` is refused before anything is created.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import pathlib
 import re
 import shlex
@@ -40,6 +50,13 @@ RUNTIMES = {"v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite", "v5
 DEFAULT_ZONES = {"v4": "us-central2-b", "v5litepod": "us-west4-a", "v5p": "us-east5-a", "v6e": "us-east5-b"}
 # The experiment config's task (configs/experiments/paper_t5_<task>.gin) -> configs/train/paper_task_<task>.gin.
 TASK_PATTERN = re.compile(r"paper_t5_(\w+)\.gin$")
+# configs/experiments/paper_gemma_2b_<verifier>_<task>[_pt].gin
+GEMMA_PATTERN = re.compile(r"paper_gemma_2b_(9b|27b)_(\w+?)(_pt)?\.gin$")
+# Per chip: high-bandwidth memory (GiB) and chips per host (v5e and v6e hosts of single-host slices hold 8).
+HBM_GIB = {"v4": 32, "v5litepod": 16, "v5p": 95, "v6e": 32}
+CORES_PER_CHIP = {"v4": 2, "v5litepod": 1, "v5p": 2, "v6e": 1}
+HBM_USABLE = 0.75        # left for XLA's temporaries, the logits and fragmentation
+BYTES_PER_VALUE = 2      # bf16 weights and caches
 T5X_CHECKPOINTS = "gs://t5-data/pretrained_models/t5x/t5_1_1_{size}/checkpoint_1000000"
 T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 
@@ -71,9 +88,72 @@ def _bucket(value: str) -> str:
 def _config(value: str) -> str:
   if not (REPO_ROOT / value).is_file():
     raise argparse.ArgumentTypeError(f"--config {value!r} does not exist (relative to the repository root)")
-  if not TASK_PATTERN.search(value):
-    raise argparse.ArgumentTypeError(f"--config must be a configs/experiments/paper_t5_<task>.gin; got {value!r}")
+  if not (TASK_PATTERN.search(value) or GEMMA_PATTERN.search(value)):
+    raise argparse.ArgumentTypeError(f"--config must be a configs/experiments/paper_t5_<task>.gin or "
+                                     f"paper_gemma_2b_<9b|27b>_<task>.gin; got {value!r}")
   return value
+
+
+def chips_per_host(tpu: str) -> tuple[int, int]:
+  """(chips in the slice, chips per host) of a TPU type such as v4-32 (32 TensorCores: 16 chips)."""
+  generation, count = tpu.split("-")
+  chips = int(count) // CORES_PER_CHIP[generation]
+  per_host = 8 if generation in ("v5litepod", "v6e") and chips <= 8 else 4
+  return chips, min(chips, per_host)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+  """A host's mesh (data, model) for a Gemma pair at `batch_size`, and the bytes per chip it needs."""
+  mesh: tuple[int, int]
+  batch_size: int
+  weight_bytes: int        # both models, whole
+  cache_bytes: int         # both models' KV caches for the batch, whole
+  per_chip_bytes: int
+  usable_bytes: int
+
+  def describe(self) -> str:
+    gib = 1 << 30
+    return (f"mesh {self.mesh} per host at batch {self.batch_size}: weights {self.weight_bytes / gib:.1f} GiB / "
+            f"{self.mesh[1]} + KV caches {self.cache_bytes / gib:.1f} GiB / {self.mesh[0] * self.mesh[1]} = "
+            f"{self.per_chip_bytes / gib:.1f} GiB per chip of {self.usable_bytes / gib:.1f} GiB usable")
+
+
+def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int) -> tuple[int, int, int]:
+  """(weight bytes, KV-cache bytes, the largest 'model' axis both models' KV heads divide) of Gemma 2 2B →
+  `verifier` ('9b' | '27b') with bf16 weights and caches of `cache_length` positions for `batch_size` rows.
+  Parameter counts come from the model itself (shapes only, nothing allocated)."""
+  import jax
+  from specdec.models import gemma2
+  weights = cache = 0
+  kv_heads = []
+  for preset in ("gemma2_2b", f"gemma2_{verifier}"):
+    config = gemma2.Gemma2Config(vocab_size=256_000, **gemma2.PRESETS[preset])
+    shapes = jax.eval_shape(lambda key, config=config: gemma2.init(config, key).params, jax.random.PRNGKey(0))
+    weights += sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)) * BYTES_PER_VALUE
+    cache += 2 * config.num_layers * config.num_kv_heads * config.head_dim * cache_length * batch_size * BYTES_PER_VALUE
+    kv_heads.append(config.num_kv_heads)
+  return weights, cache, math.gcd(*kv_heads)
+
+
+def size_mesh(tpu: str, verifier: str, cache_length: int, batch_size: int) -> Sizing:
+  """The host mesh with the widest 'data' axis whose per-chip share (weights / model + caches / chips)
+  fits `HBM_USABLE` of a chip; ValueError naming the need and the batch size if none does."""
+  generation = tpu.split("-")[0]
+  _, per_host = chips_per_host(tpu)
+  weights, cache, max_model = gemma_pair_bytes(verifier, cache_length, batch_size)
+  usable = int(HBM_USABLE * HBM_GIB[generation] * (1 << 30))
+  candidates = []
+  for model in (m for m in range(1, per_host + 1) if per_host % m == 0 and max_model % m == 0):
+    data = per_host // model
+    if batch_size % data == 0:
+      candidates.append(Sizing((data, model), batch_size, weights, cache, weights // model + cache // per_host, usable))
+  fitting = [c for c in candidates if c.per_chip_bytes <= usable]
+  if not fitting:
+    best = min(candidates, key=lambda c: c.per_chip_bytes)
+    raise ValueError(f"Gemma 2 2B → {verifier.upper()} does not fit a {tpu} host ({per_host} chips of "
+                     f"{HBM_GIB[generation]} GiB): {best.describe()}; lower --batch_size or take a larger chip")
+  return max(fitting, key=lambda c: c.mesh[0])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,22 +165,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--project", default=None, help="default: gcloud's configured project")
   parser.add_argument("--name", default=None, help="TPU VM name (default: specdec-<task>)")
   parser.add_argument("--verifier", choices=("large", "xl"), default="large", help="the verifier's T5 size")
+  parser.add_argument("--batch_size", type=int, default=None,
+                      help="Gemma: rows per quality batch on each host (default: the config's)")
   parser.add_argument("--stage", choices=("all",) + STAGES, default="all")
   parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   return parser.parse_args(argv)
 
 
-def plan(args: argparse.Namespace) -> list[Command]:
-  """Every command of the launch, in order (only `args.stage`'s unless 'all')."""
-  task = TASK_PATTERN.search(args.config).group(1)
-  generation = args.tpu.split("-")[0]
-  name = args.name or f"specdec-{task}"
-  location = ["--zone", args.zone or DEFAULT_ZONES[generation]] + (["--project", args.project] if args.project else [])
-  runs, exports, results = (f"{args.bucket}/{part}/{task}" for part in ("runs", "exports", "results"))
-  code = f"{args.bucket}/code/specdec.tar.gz"
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What differs between launches: the VM's name, what `install` fetches, the fine-tuning and sweep
+  scripts (run on every worker inside the repository's venv) and where the results go."""
+  name: str
+  fetch: tuple[str, ...]        # shell commands after the install, in the repository
+  finetune: tuple[str, ...]
+  sweep: str                    # writes <local_results>/results*.jsonl
+  local_results: str
+  results: str                  # in the bucket
 
-  def on_workers(script: str) -> tuple[str, ...]:
-    return ("gcloud", "compute", "tpus", "tpu-vm", "ssh", name, *location, "--worker=all", "--command", script)
+
+def t5_run(args: argparse.Namespace) -> Run:
+  """The T5 experiments: T5X checkpoints fetched, drafter and verifier fine-tuned into the bucket, swept."""
+  task = TASK_PATTERN.search(args.config).group(1)
+  runs, exports, results = (f"{args.bucket}/{part}/{task}" for part in ("runs", "exports", "results"))
 
   def train(size: str) -> str:
     # Checkpoints and the export in the bucket: every host of the slice writes its shards to one directory.
@@ -110,40 +197,87 @@ def plan(args: argparse.Namespace) -> list[Command]:
             f"--gin_bindings=\"export.path = '{exports}/{size}'\" "
             f"--gin_bindings=\"seqio_batches.t5_vocab_path = 'checkpoints/t5_vocab/sentencepiece.model'\"")
 
+  fetch = (f"mkdir -p checkpoints/t5_vocab && gsutil cp {T5_VOCABULARY} checkpoints/t5_vocab/",
+           *(f"gsutil -m cp -r {T5X_CHECKPOINTS.format(size=size)} checkpoints/t5_1_1_{size}/"
+             for size in ("small", args.verifier)))
+  sweep = (f"gsutil -m rsync -r {exports} outputs/paper_t5/export && "
+           f"python scripts/sweep.py --multihost --gin_file={args.config} "
+           f"--gin_bindings=\"verifier/ModelSource.path = 'outputs/paper_t5/export/{args.verifier}'\"")
+  return Run(args.name or f"specdec-{task}", fetch, (train("small"), train(args.verifier)), sweep,
+             f"outputs/paper_t5/{task}", results)
+
+
+def gemma_run(args: argparse.Namespace) -> Run:
+  """The Gemma experiments: no fine-tuning; checkpoints and tfds data from the bucket; the sweep on the mesh
+  `gemma_sizing` chose, each host its block of the grid."""
+  verifier, task, pretrained = GEMMA_PATTERN.search(args.config).groups()
+  sizing = gemma_sizing(args)
+  run = f"2b_{verifier}{pretrained or ''}"
+  suffix = "" if pretrained else "-it"
+  fetch = tuple(f"gsutil -m cp -r {args.bucket}/checkpoints/{checkpoint} checkpoints/"
+                for checkpoint in (f"gemma-2-2b{suffix}", f"gemma-2-{verifier}{suffix}"))
+  sweep = (f"python scripts/sweep.py --multihost --gin_file={args.config} "
+           f"--gin_bindings=\"Experiment.mesh_shape = {sizing.mesh}\" "
+           f"--gin_bindings=\"Experiment.batch_size = {sizing.batch_size}\" "
+           f"--gin_bindings=\"Experiment.tfds_data_dir = '{args.bucket}/tfds'\"")
+  return Run(args.name or f"specdec-gemma-{run}-{task}".replace("_", "-"), fetch, (), sweep,
+             f"outputs/paper_gemma/{run}/{task}", f"{args.bucket}/results/paper_gemma/{run}/{task}")
+
+
+def plan(args: argparse.Namespace) -> list[Command]:
+  """Every command of the launch, in order (only `args.stage`'s unless 'all')."""
+  run = gemma_run(args) if GEMMA_PATTERN.search(args.config) else t5_run(args)
+  generation = args.tpu.split("-")[0]
+  location = ["--zone", args.zone or DEFAULT_ZONES[generation]] + (["--project", args.project] if args.project else [])
+  code = f"{args.bucket}/code/specdec.tar.gz"
+
+  def on_workers(script: str) -> tuple[str, ...]:
+    return ("gcloud", "compute", "tpus", "tpu-vm", "ssh", run.name, *location, "--worker=all", "--command", script)
+
   setup = " && ".join([
       f"gsutil cp {code} . && mkdir -p specdec && tar -xzf specdec.tar.gz -C specdec && cd specdec",
       "python3 -m venv .venv && . .venv/bin/activate",
-      "pip install -c constraints.txt -e '.[seqio]' 'jax[tpu]'",
-      f"mkdir -p checkpoints/t5_vocab && gsutil cp {T5_VOCABULARY} checkpoints/t5_vocab/",
-      *(f"gsutil -m cp -r {T5X_CHECKPOINTS.format(size=size)} checkpoints/t5_1_1_{size}/"
-        for size in ("small", args.verifier))])
+      "pip install -c constraints.txt -e '.[seqio]' 'jax[tpu]'", *run.fetch])
   enter = "cd specdec && . .venv/bin/activate && "
-  sweep = (f"gsutil -m rsync -r {exports} outputs/paper_t5/export && "
-           f"python scripts/sweep.py --multihost --gin_file={args.config} "
-           f"--gin_bindings=\"verifier/ModelSource.path = 'outputs/paper_t5/export/{args.verifier}'\" "
-           f"&& gsutil -m cp outputs/paper_t5/{task}/results*.jsonl {results}/")
-  local_results = f"outputs/paper_t5/{task}"
   stages = {
-      "create": [("gcloud", "compute", "tpus", "tpu-vm", "create", name, *location,
+      "create": [("gcloud", "compute", "tpus", "tpu-vm", "create", run.name, *location,
                   f"--accelerator-type={args.tpu}", f"--version={RUNTIMES[generation]}")],
       "install": [("git", "archive", "--format=tar.gz", "-o", "/tmp/specdec.tar.gz", "HEAD"),
                   ("gsutil", "cp", "/tmp/specdec.tar.gz", code),
                   on_workers(setup)],
-      "finetune": [on_workers(enter + train("small")), on_workers(enter + train(args.verifier))],
-      "sweep": [on_workers(enter + sweep)],
-      "plot": [("mkdir", "-p", local_results),
-               ("gsutil", "-m", "cp", f"{results}/results*.jsonl", f"{local_results}/"),
-               ("python", "scripts/plot.py", f"--results={local_results}/results.jsonl")],
-      "delete": [("gcloud", "compute", "tpus", "tpu-vm", "delete", name, *location, "--quiet")],
+      "finetune": [on_workers(enter + script) for script in run.finetune],
+      "sweep": [on_workers(f"{enter}{run.sweep} && gsutil -m cp {run.local_results}/results*.jsonl {run.results}/")],
+      "plot": [("mkdir", "-p", run.local_results),
+               ("gsutil", "-m", "cp", f"{run.results}/results*.jsonl", f"{run.local_results}/"),
+               ("python", "scripts/plot.py", f"--results={run.local_results}/results.jsonl")],
+      "delete": [("gcloud", "compute", "tpus", "tpu-vm", "delete", run.name, *location, "--quiet")],
   }
   chosen = STAGES if args.stage == "all" else (args.stage,)
   return [Command(stage, tuple(argv)) for stage in chosen for argv in stages[stage]]
+
+
+def gemma_sizing(args: argparse.Namespace) -> Sizing:
+  """The config's experiment (batch size, prompt and output budgets, γ) sized for a host of `args.tpu`."""
+  from specdec.evaluation import grid
+  import gin
+  gin.clear_config()
+  try:
+    experiment = grid.parse_gin([str(REPO_ROOT / args.config)])
+  finally:
+    gin.clear_config()
+  task = grid.find_task(experiment.task)
+  # prompt budget + output + the speculative loop's overhang (γ + 1 positions past the output)
+  cache_length = task.max_input_tokens + task.max_target_tokens + max(experiment.gammas) + 1
+  return size_mesh(args.tpu, GEMMA_PATTERN.search(args.config).group(1), cache_length,
+                   args.batch_size or experiment.batch_size)
 
 
 def main(argv: list[str] | None = None) -> list[Command]:
   """Prints each stage's name (as a comment) and its commands; runs them unless --dry_run (from the
   repository root, stopping at the first failure)."""
   args = parse_args(argv)
+  if GEMMA_PATTERN.search(args.config):
+    print(f"# sizing: {gemma_sizing(args).describe()}", flush=True)
   commands = plan(args)
   for i, command in enumerate(commands):
     if i == 0 or commands[i - 1].stage != command.stage:

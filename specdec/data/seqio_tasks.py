@@ -23,6 +23,9 @@ LM tasks have the single feature 'targets' = the text, what seqio's `LMFeatureCo
 continuation only. Splitting at a space keeps the tokens those of the whole text (SentencePiece pieces
 do not cross spaces).
 
+Few-shot benchmarks (the Gemma experiments, `specdec.data.few_shot`): `register_few_shot_tasks` adds
+'specdec_fewshot_<benchmark>' (decoder-only prompts in a given vocabulary, e.g. Gemma's).
+
 Training on a task (T5 fine-tuning, `scripts/train.py`): `seqio_batches` is a `specdec.training` DataSource
 of its examples, gin-configurable as `seqio_batches.task = 'wmt_t2t_ende'`.
 
@@ -41,9 +44,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from specdec.data import debian
+from specdec.data import debian, few_shot
 from specdec.data.tasks import TASKS, Task
-from specdec.data.vocab import seqio_vocabulary
+from specdec.data.vocab import load_vocabulary, seqio_vocabulary
 
 T5_VOCAB_ENV = "SPECDEC_T5_VOCAB"
 T5_EXTRA_IDS = 100
@@ -192,6 +195,42 @@ def register_tasks(*, source: str | os.PathLike = "auto", t5_vocab_path: str | N
         preprocessors=[functools.partial(_text_preprocessor, name=task.name), seqio.preprocessors.tokenize,
                        seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim])
   return list(SEQIO_TASKS)
+
+
+def register_few_shot_tasks(vocab_path: str | None = None, *, data_dir: str | None = None, source: str = "auto",
+                            chat_template: bool = False, n_examples: int = 1000, seed: int = 0) -> list[str]:
+  """Registers every few-shot benchmark (`few_shot.BENCHMARKS`) as the seqio task 'specdec_<name>' ('…_chat'
+  with `chat_template`), for decoder-only models in the SentencePiece vocabulary at `vocab_path` (Gemma's).
+
+  The examples are `few_shot.examples` (the sweep's prompts, token for token): 'inputs' the few-shot
+  prompt's ids (<bos> first where the vocabulary has it, no eos: the model continues it), 'targets' the
+  reference answer (eos appended by `append_eos_after_trim`), and their '_pretokenized' texts; the one split
+  is the benchmark's evaluated split (`Benchmark.split`). `data_dir`: tfds's data (and MBPP's mbpp.jsonl).
+  """
+  import seqio
+  import tensorflow as tf
+  vocab, output_vocab = load_vocabulary(vocab_path), seqio_vocabulary(vocab_path)
+  ids, text = tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.string)
+  names = []
+  for benchmark in few_shot.BENCHMARKS.values():
+    def dataset_fn(split: str, shuffle_files: bool, seed_: int | None = None, *, benchmark=benchmark):
+      del shuffle_files, seed_   # the sample is `seed`'s (`few_shot.sample_rows`), as in the sweep
+      rows = few_shot.examples(benchmark, vocab, split, n_examples, data_dir=data_dir, source=source, seed=seed,
+                               chat_template=chat_template)
+      return tf.data.Dataset.from_generator(
+          lambda: ({"inputs": row.prompt, "targets": row.target[:-1], "inputs_pretokenized": row.text,
+                    "targets_pretokenized": vocab.decode(row.target)} for row in rows),
+          output_signature={"inputs": ids, "targets": ids, "inputs_pretokenized": text,
+                            "targets_pretokenized": text})
+    name = f"specdec_{benchmark.name}" + ("_chat" if chat_template else "")
+    seqio.TaskRegistry.remove(name)
+    seqio.TaskRegistry.add(
+        name, source=seqio.FunctionDataSource(dataset_fn, splits=[benchmark.split]),
+        output_features={"inputs": seqio.Feature(output_vocab, add_eos=False),
+                         "targets": seqio.Feature(output_vocab, add_eos=True)},
+        preprocessors=[seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim])
+    names.append(name)
+  return names
 
 
 def seq2seq_rows(examples: Sequence[dict[str, np.ndarray]], *, encoder_len: int, decoder_len: int

@@ -58,12 +58,17 @@ class Task:
   max_input_tokens: int = 0    # prompt budget, prefix and separator included
   max_target_tokens: int = 0   # target budget, eos included (= max_new_tokens when decoding)
   lm_prompt_tokens: int = 0    # LM task: tokens of the text given as the decoding prompt
+  stop: str = ""               # few-shot (`few_shot`): a response is cut where this text starts, then scored
 
   def inputs_and_targets(self, record: dict) -> tuple[str, str]:
     """T5-style (inputs, targets) strings of a record, e.g. ("summarize: <document>", "<synopsis>")."""
     if self.input_field is None:
       return "", record[self.target_field]
     return self.prefix + record[self.input_field], record[self.target_field]
+
+  def response(self, text: str) -> str:
+    """A decoded output as the metric reads it: cut where `stop` starts and stripped (few-shot), else as is."""
+    return text.split(self.stop)[0].strip() if self.stop else text
 
   @property
   def seq_len(self) -> int:

@@ -75,6 +75,11 @@ class Vocabulary:
     e.g. Gemma, expect it), else nothing."""
     return [] if self.bos_id is None else [self.bos_id]
 
+  def piece_id(self, piece: str) -> int | None:
+    """The id of a piece of the model (e.g. Gemma's '<end_of_turn>'), None if it has none."""
+    found = self._processor.PieceToId(piece)
+    return found if self._processor.IdToPiece(found) == piece else None
+
   def encode(self, text: str) -> list[int]:
     """Ids of `text`, without eos (seqio appends it in preprocessing, as here the caller does)."""
     return self._processor.EncodeAsIds(text)

@@ -22,7 +22,7 @@ import gin
 import numpy as np
 
 from specdec import checks, decoding, models
-from specdec.data import SPLITS, seqio_tasks, shipped, tasks
+from specdec.data import SPLITS, few_shot, seqio_tasks, shipped, tasks
 
 # Keys every stored point has, None where the method does not read them: results written before the method
 # registry (when these four were a point's only parameters) keep their hashes.
@@ -98,6 +98,9 @@ class Experiment:
   # data_dir; the shipped vocabulary.
   tfds_data_dir: str | None = None
   vocab_path: str | None = None
+  # Few-shot benchmarks (`few_shot.BENCHMARKS`): prompts in Gemma's chat turn format for instruction-tuned
+  # models, generation stopping at <end_of_turn>.
+  chat_template: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,21 +144,27 @@ def _check_int(name: str, value: Any, lo: int) -> None:
     raise ValueError(f"{name} must be an int >= {lo}; got {value!r}")
 
 
-def find_task(name: str) -> tasks.Task:
-  """A local task (`tasks.TASKS`) or the text format of a tfds one (`seqio_tasks.SEQIO_TASKS`) by its
-  `Experiment.task` name; ValueError listing both kinds for any other name."""
+def find_task(name: str, chat_template: bool = False) -> tasks.Task:
+  """A local task (`tasks.TASKS`), the text format of a tfds one (`seqio_tasks.SEQIO_TASKS`) or a few-shot
+  benchmark (`few_shot.BENCHMARKS`; `chat_template` as `Experiment`'s) by its `Experiment.task` name;
+  ValueError listing them for any other."""
   if name in tasks.TASKS:
     return tasks.TASKS[name]
+  if name in few_shot.BENCHMARKS:
+    return few_shot.BENCHMARKS[name].task(chat_template)
   tfds_task = seqio_tasks.SEQIO_TASKS.get("specdec_" + name)
   if tfds_task is None or tfds_task.is_local:
     tfds_names = [t.text.name for t in seqio_tasks.SEQIO_TASKS.values() if not t.is_local]
     raise ValueError(f"unknown task {name!r}; local tasks: {', '.join(tasks.TASKS)}; tfds tasks: "
-                     f"{', '.join(tfds_names)}")
+                     f"{', '.join(tfds_names)}; few-shot benchmarks: {', '.join(few_shot.BENCHMARKS)}")
   return tfds_task.text
 
 
 def _check_experiment(experiment: Experiment) -> None:
   find_task(experiment.task)
+  if experiment.chat_template and experiment.task not in few_shot.BENCHMARKS:
+    raise ValueError(f"chat_template applies to the few-shot benchmarks ({', '.join(few_shot.BENCHMARKS)}); "
+                     f"task is {experiment.task!r}")
   if experiment.split not in SPLITS:
     raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {experiment.split!r}")
   _check_int("n_examples", experiment.n_examples, 1)
@@ -172,7 +181,7 @@ def _check_experiment(experiment: Experiment) -> None:
     source = getattr(experiment, role)
     if (source.path is None) == (source.preset is None):
       raise ValueError(f"{role}: give exactly one of path (an exported model) and preset; got {source}")
-    known = [*models.PRESETS, *models.t5.PRESETS]
+    known = [*models.PRESETS, *models.t5.PRESETS, *models.gemma2.PRESETS]
     if source.preset is not None and source.preset not in known:
       raise ValueError(f"{role}: unknown preset {source.preset!r}; known: {', '.join(known)}")
   for t in _values("experiment", "temperatures", experiment.temperatures):

@@ -4,8 +4,8 @@ Quality: BLEU for translation (sacrebleu's corpus BLEU, 13a tokenisation), ROUGE
 (rouge-score's F-measure with stemming, averaged over examples, as Zhou et al. (2024)), for the LM task
 the verifier's mean per-token log-likelihood of the generated text, and for the few-shot benchmarks of §6
 exact match and token F1 of QA answers (SQuAD's normalisation, the best over a question's references) and
-GSM8K's final-answer exact match (the last number of the response against the one after '####'); MBPP's
-pass@1 runs code (`sandbox`). Cost: the counters of
+GSM8K's final-answer exact match (the last number of the response against the one after '####'), and
+MBPP's pass@1 (the response's code run against the problem's tests in `sandbox`). Cost: the counters of
 `specdec.decoding.Output.stats`, summed over examples, as rates (rejection rate: Figure 3, App. F.6).
 """
 
@@ -25,6 +25,7 @@ from rouge_score import rouge_scorer
 from sacrebleu.metrics.bleu import BLEU
 
 from specdec.decoding.common import STAT_NAMES, Stats
+from specdec.evaluation import sandbox
 from specdec.models.base import Model
 
 
@@ -83,7 +84,8 @@ def example_statistics(metric: str, hypotheses: Sequence[str], references: Seque
   or resample of the examples: for BLEU sacrebleu's [hypothesis length, reference length, n-gram matches
   (n = 1…4), n-gram totals (n = 1…4)], for the others the example's score × 100 (ROUGE-2 F-measure;
   exact_match, f1: the best over the example's references, a string or a list of them;
-  gsm8k_exact_match: final answers equal)."""
+  gsm8k_exact_match: final answers equal; pass_at_1: the response's program (`sandbox.extract_code`) passes
+  the reference, MBPP's setup and asserts, run in `sandbox`)."""
   _check_pairs(hypotheses, references)
   if metric == "bleu":
     return np.asarray(BLEU()._extract_corpus_statistics(list(hypotheses), [list(references)]), np.int64)
@@ -95,6 +97,7 @@ def example_statistics(metric: str, hypotheses: Sequence[str], references: Seque
       "f1": lambda hyp, ref: max(_token_f1(hyp, a) for a in _answers(ref)),
       "gsm8k_exact_match": lambda hyp, ref: float(final_number(hyp) is not None
                                                   and final_number(hyp) == final_number(ref)),
+      "pass_at_1": lambda hyp, ref: float(sandbox.run_program(sandbox.extract_code(hyp), [ref]).passed),
   }
   if metric not in per_example:
     raise ValueError(f"metric must be one of bleu, rouge2, {', '.join(per_example)} for texts (log_likelihood "

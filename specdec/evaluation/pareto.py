@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -181,7 +182,9 @@ def table2_rows(group: Group) -> list[Table2Row]:
   return rows
 
 
-METRIC_NAMES = {"bleu": "BLEU", "rouge2": "ROUGE-2", "log_likelihood": "log-likelihood (nats/token)"}
+METRIC_NAMES = {"bleu": "BLEU", "rouge2": "ROUGE-2", "log_likelihood": "log-likelihood (nats/token)",
+                "exact_match": "exact match", "f1": "F1", "gsm8k_exact_match": "GSM8K exact match",
+                "pass_at_1": "pass@1"}
 
 
 def _parameters(record: Record) -> str:
@@ -386,7 +389,7 @@ def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_la
           ax.errorbar([record["relative_latency"]], [record["quality"]],
                       yerr=_error([record], "quality", [record["quality"]]), fmt=marker, markersize=9,
                       color="black", label=name, zorder=3)
-    ax.set_title(group.title, fontsize=9)
+    ax.set_title(textwrap.fill(group.title, 80), fontsize=9)   # long pair names would run off the panel
     ax.set_xlabel(cost_label)
     ax.set_ylabel(METRIC_NAMES.get(group.metric, group.metric))
     ax.grid(alpha=0.3)

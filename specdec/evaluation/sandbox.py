@@ -131,6 +131,17 @@ def _kill_group(process: subprocess.Popen) -> None:
   process.wait()
 
 
+def extract_code(response: str) -> str:
+  """The program in a model's response: between MBPP's "[BEGIN]" and "[DONE]" markers, else the first
+  fenced block (```python … ```: instruction-tuned models write one), else the response itself."""
+  if "[BEGIN]" in response:
+    response = response.split("[BEGIN]", 1)[1]
+  elif "```" in response:
+    block = response.split("```", 2)[1]
+    response = block.split("\n", 1)[1] if "\n" in block and block.split("\n", 1)[0].strip().isalnum() else block
+  return response.split("[DONE]", 1)[0].strip("\n")
+
+
 def pass_at_1(results: Sequence[Result]) -> float:
   """The fraction of programs that passed their tests (one sample per problem: pass@1), in percent."""
   return 100.0 * sum(r.passed for r in results) / max(len(results), 1)

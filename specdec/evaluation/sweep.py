@@ -42,7 +42,7 @@ import numpy as np
 import tqdm
 
 from specdec import decoding, models
-from specdec.data import seqio_tasks, tasks
+from specdec.data import few_shot, seqio_tasks, tasks
 from specdec.data.vocab import Vocabulary, load_vocabulary
 from specdec.decoding import common
 from specdec.evaluation import metrics
@@ -69,6 +69,7 @@ class Workload:
   references: list[str]
   latency_rows: np.ndarray
   max_new_tokens: int
+  stop_id: int                  # generation ends at this token: the vocabulary's eos, or <end_of_turn>
   batch_size: int
   latency_trials: int
   seed: int
@@ -102,8 +103,14 @@ def load_workload(experiment: Experiment) -> Workload:
   if isinstance(drafter, models.T5) != encoder_decoder:
     raise ValueError(f"drafter and verifier must both be encoder-decoder (T5) or both decoder-only; got "
                      f"{type(drafter).__name__} and {type(verifier).__name__}")
-  task = find_task(experiment.task)
-  if experiment.task in tasks.TASKS:
+  task = find_task(experiment.task, experiment.chat_template)
+  if experiment.task in few_shot.BENCHMARKS:
+    # prompts within the (max_prompt_tokens) budget by dropping shots: `few_shot.prompt_ids`
+    split = few_shot.tokenized(few_shot.BENCHMARKS[experiment.task], vocab, experiment.split,
+                               experiment.n_examples, data_dir=experiment.tfds_data_dir, source=experiment.source,
+                               seed=experiment.seed, chat_template=experiment.chat_template,
+                               max_input_tokens=experiment.max_prompt_tokens)
+  elif experiment.task in tasks.TASKS:
     split = tasks.tokenized(experiment.task, experiment.split, source=experiment.source,
                             vocab_path=experiment.vocab_path, encoder_decoder=encoder_decoder)
   else:
@@ -115,7 +122,7 @@ def load_workload(experiment: Experiment) -> Workload:
     raise ValueError(f"n_examples={experiment.n_examples} but {experiment.task}/{experiment.split} has "
                      f"{len(split)} examples")
   rows = np.arange(experiment.n_examples)
-  if experiment.max_prompt_tokens is not None:
+  if experiment.max_prompt_tokens is not None and experiment.task not in few_shot.BENCHMARKS:
     if task.input_field is None:
       raise ValueError(f"max_prompt_tokens applies to tasks with inputs; {task.name} prompts with its "
                        f"first {task.lm_prompt_tokens} tokens")
@@ -138,6 +145,7 @@ def load_workload(experiment: Experiment) -> Workload:
       task=task, vocab=vocab, prompts=prompts, prompt_lengths=prompt_lengths,
       references=[split.records[i][task.target_field] for i in rows], latency_rows=latency_rows,
       max_new_tokens=experiment.max_new_tokens or task.max_target_tokens, batch_size=batch_size,
+      stop_id=few_shot.stop_id(vocab, experiment.chat_template),
       latency_trials=experiment.latency_trials, seed=experiment.seed,
       drafter_parts=exports.load_parts(_parts_directory(experiment.drafter)))
 
@@ -180,7 +188,7 @@ def decode_rows(point: Point, workload: Workload, key: jax.Array, rows: np.ndarr
   verifier = small if point.model == "drafter" else large
   return decoding.generate(key, drafter, verifier, prompts, workload.prompt_lengths[rows],
                            method=point.method, temperature=point.temperature, top_p=point.top_p,
-                           max_new_tokens=workload.max_new_tokens, eos_id=workload.vocab.eos_id, row_ids=rows,
+                           max_new_tokens=workload.max_new_tokens, eos_id=workload.stop_id, row_ids=rows,
                            **dict(point.params))
 
 
@@ -208,12 +216,19 @@ def quality(point: Point, workload: Workload) -> tuple[np.ndarray, dict[str, int
       scores.append(metrics.log_likelihood(workload.verifier, workload.prompts[rows],
                                            workload.prompt_lengths[rows], tokens, lengths)[:real])
     else:
-      hypotheses += [workload.vocab.decode(row[:length]) for row, length in zip(tokens[:real], lengths[:real])]
+      hypotheses += [_response(workload, row[:length]) for row, length in zip(tokens[:real], lengths[:real])]
   if point.model == "drafter":  # the drafter ran as `generate`'s verifier: its calls are drafter calls
     totals["drafter_calls"], totals["verifier_calls"], totals["verifier_positions"] = totals["verifier_calls"], 0, 0
   if workload.task.metric == "log_likelihood":
     return np.concatenate(scores)[:, None].astype(np.float64), totals
   return metrics.example_statistics(workload.task.metric, hypotheses, workload.references), totals
+
+
+def _response(workload: Workload, tokens: np.ndarray) -> str:
+  """An output's text as its metric reads it (`Task.response`), without the token that stopped it."""
+  if len(tokens) and tokens[-1] == workload.stop_id:
+    tokens = tokens[:-1]
+  return workload.task.response(workload.vocab.decode(tokens))
 
 
 def latency(point: Point, workload: Workload, baseline: Point | None = None) -> list[np.ndarray]:

@@ -66,3 +66,24 @@ def test_bad_flags_are_refused_naming_them(flag, message, capsys):
   with pytest.raises(SystemExit):
     launch.parse_args(list(good.values()))
   assert message in capsys.readouterr().err
+
+
+GEMMA = "configs/experiments/paper_gemma_2b_27b_gsm8k.gin"
+
+
+def test_gemma_launch_sizes_the_host_mesh_for_the_27b_verifier_and_skips_finetuning(capsys, monkeypatch):
+  monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail("--dry_run ran a command"))
+  commands = launch.main([f"--config={GEMMA}", "--tpu=v5p-8", "--bucket=gs://my-bucket", "--dry_run"])
+  assert "mesh (2, 2) per host at batch 64" in capsys.readouterr().out
+  assert {c.stage for c in commands} == set(launch.STAGES) - {"finetune"}
+  scripts = " ".join(c.argv[-1] for c in commands if "ssh" in c.argv)
+  assert "gs://my-bucket/checkpoints/gemma-2-27b-it checkpoints/" in scripts
+  assert f'--gin_file={GEMMA} --gin_bindings="Experiment.mesh_shape = (2, 2)"' in scripts
+  # Each host holds both models: weights / model axis + caches / chips must fit 75 % of a chip.
+  sizing = launch.size_mesh("v5p-8", "27b", 2048 + 320 + 2, 64)
+  weights, caches, _ = launch.gemma_pair_bytes("27b", 2048 + 320 + 2, 64)
+  assert 27e9 < weights / 2 < 31e9   # ≈ 2.6 B + 27.2 B parameters, bf16
+  assert sizing.per_chip_bytes == weights // 2 + caches // 4 <= sizing.usable_bytes
+  with pytest.raises(ValueError, match="does not fit a v4-8 host .* lower --batch_size"):
+    launch.size_mesh("v4-8", "27b", 2048 + 320 + 2, 64)
+  assert launch.size_mesh("v4-8", "27b", 2048 + 320 + 2, 32).mesh == (1, 4)

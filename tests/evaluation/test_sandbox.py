@@ -68,3 +68,11 @@ def test_limits_are_checked():
   with pytest.raises(ValueError, match="timeout_s"):
     sandbox.run_program(ADD, timeout_s=0)
 
+
+
+def test_code_is_extracted_from_mbpp_markers_fences_or_taken_whole():
+  code = "def f(x):\n    return x"
+  assert sandbox.extract_code(f"[BEGIN]\n{code}\n[DONE]\n\nYou are") == code
+  assert sandbox.extract_code(f"Here it is:\n```python\n{code}\n```\nDone.") == code
+  assert sandbox.extract_code(f"```\n{code}\n```") == code
+  assert sandbox.extract_code(code) == code

@@ -341,3 +341,32 @@ def test_a_t5_pair_on_a_tfds_task_decodes_t5_prompts(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="both be encoder-decoder"):
     sweep.load_workload(_smoke(tmp_path / "mixed.jsonl", "Experiment.task = 'wmt_t2t_ende'",
                                "verifier/ModelSource.preset = 't5_tiny'"))
+
+
+def test_gemma_miniature_sweeps_few_shot_prompts_to_the_rejection_plot(tmp_path):
+  """configs/experiments/miniature_gemma_synopsis.gin, two families at one α: a random gemma2_tiny pair on
+  few-shot Debian synopses (prompts with their shots), γ = 1, through the sweep to Figure 3's plot."""
+  from specdec.evaluation import pareto
+  gin.clear_config()
+  try:
+    experiment = grid.parse_gin(["configs/experiments/miniature_gemma_synopsis.gin"], [
+        f"Experiment.output = '{tmp_path}/results.jsonl'", "Experiment.families = [@lossy/Family(), @token_v3/Family()]",
+        "PROBABILITY_ALPHAS = [0.5]", "Experiment.n_examples = 4", "Experiment.batch_size = 4",
+        "Experiment.n_latency_examples = 1"])
+  finally:
+    gin.clear_config()
+  workload = sweep.load_workload(experiment)
+  prompt = workload.vocab.decode(workload.prompts[0, :workload.prompt_lengths[0]])
+  assert prompt.startswith("Write the one-line synopsis") and prompt.count("Synopsis:") == 3   # 2 shots + query
+  assert workload.stop_id == workload.vocab.eos_id and workload.max_new_tokens == 32
+  records = sweep.run(experiment, progress=False)
+  assert [r["family"] for r in records] == ["Large (verifier)", "SpecDecode [Lossy]", "SpecCascade [Token]"]
+  assert all(r["metric"] == "rouge2" and r["point"]["gamma"] in (None, 1) for r in records)
+  assert all(0 <= pareto._draft_rejection_rate(r) <= 1 for r in records[1:])
+  paths = pareto.report(experiment.output, tmp_path)
+  assert pathlib.Path(paths["rejection.png"]).stat().st_size > 10_000
+
+
+def test_chat_template_is_for_the_few_shot_benchmarks(tmp_path):
+  with pytest.raises(ValueError, match="chat_template applies to the few-shot benchmarks"):
+    grid.expand_grid(_smoke(tmp_path / "results.jsonl", "Experiment.chat_template = True"))
