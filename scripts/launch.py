@@ -56,7 +56,6 @@ GEMMA_PATTERN = re.compile(r"paper_gemma_2b_(9b|27b)_(\w+?)(_pt)?\.gin$")
 HBM_GIB = {"v4": 32, "v5litepod": 16, "v5p": 95, "v6e": 32}
 CORES_PER_CHIP = {"v4": 2, "v5litepod": 1, "v5p": 2, "v6e": 1}
 HBM_USABLE = 0.75        # left for XLA's temporaries, the logits and fragmentation
-BYTES_PER_VALUE = 2      # bf16 weights and caches
 T5X_CHECKPOINTS = "gs://t5-data/pretrained_models/t5x/t5_1_1_{size}/checkpoint_1000000"
 T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 
@@ -119,10 +118,12 @@ class Sizing:
             f"{self.per_chip_bytes / gib:.1f} GiB per chip of {self.usable_bytes / gib:.1f} GiB usable")
 
 
-def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int) -> tuple[int, int, int]:
+def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int, bytes_per_value: int = 2
+                     ) -> tuple[int, int, int]:
   """(weight bytes, KV-cache bytes, the largest 'model' axis both models' KV heads divide) of Gemma 2 2B →
-  `verifier` ('9b' | '27b') with bf16 weights and caches of `cache_length` positions for `batch_size` rows.
-  Parameter counts come from the model itself (shapes only, nothing allocated)."""
+  `verifier` ('9b' | '27b'), weights and caches of `cache_length` positions for `batch_size` rows held in
+  `bytes_per_value` (2: bfloat16, as the pairs' gin files load them). Parameter counts come from the model
+  itself (shapes only, nothing allocated)."""
   import jax
   from specdec.models import gemma2
   weights = cache = 0
@@ -130,24 +131,29 @@ def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int) -> tuple
   for preset in ("gemma2_2b", f"gemma2_{verifier}"):
     config = gemma2.Gemma2Config(vocab_size=256_000, **gemma2.PRESETS[preset])
     shapes = jax.eval_shape(lambda key, config=config: gemma2.init(config, key).params, jax.random.PRNGKey(0))
-    weights += sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)) * BYTES_PER_VALUE
-    cache += 2 * config.num_layers * config.num_kv_heads * config.head_dim * cache_length * batch_size * BYTES_PER_VALUE
+    weights += sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)) * bytes_per_value
+    cache += 2 * config.num_layers * config.num_kv_heads * config.head_dim * cache_length * batch_size * bytes_per_value
     kv_heads.append(config.num_kv_heads)
   return weights, cache, math.gcd(*kv_heads)
 
 
-def size_mesh(tpu: str, verifier: str, cache_length: int, batch_size: int) -> Sizing:
+def size_mesh(tpu: str, verifier: str, cache_length: int, batch_size: int, bytes_per_value: int = 2) -> Sizing:
   """The host mesh with the widest 'data' axis whose per-chip share (weights / model + caches / chips)
-  fits `HBM_USABLE` of a chip; ValueError naming the need and the batch size if none does."""
+  fits `HBM_USABLE` of a chip; ValueError naming the need and the batch size if none does. The sweep loads
+  the checkpoints through host memory and shards them (`Experiment.mesh_shape`), and times latency on the
+  same mesh, so no chip holds a whole model."""
   generation = tpu.split("-")[0]
   _, per_host = chips_per_host(tpu)
-  weights, cache, max_model = gemma_pair_bytes(verifier, cache_length, batch_size)
+  weights, cache, max_model = gemma_pair_bytes(verifier, cache_length, batch_size, bytes_per_value)
   usable = int(HBM_USABLE * HBM_GIB[generation] * (1 << 30))
   candidates = []
   for model in (m for m in range(1, per_host + 1) if per_host % m == 0 and max_model % m == 0):
     data = per_host // model
     if batch_size % data == 0:
       candidates.append(Sizing((data, model), batch_size, weights, cache, weights // model + cache // per_host, usable))
+  if not candidates:
+    raise ValueError(f"--batch_size {batch_size} splits over no data axis of a {tpu} host ({per_host} chips; the "
+                     f"'model' axis divides {max_model} KV heads): give a multiple of {per_host // math.gcd(per_host, max_model)}")
   fitting = [c for c in candidates if c.per_chip_bytes <= usable]
   if not fitting:
     best = min(candidates, key=lambda c: c.per_chip_bytes)
@@ -258,8 +264,9 @@ def plan(args: argparse.Namespace) -> list[Command]:
 
 def gemma_sizing(args: argparse.Namespace) -> Sizing:
   """The config's experiment (batch size, prompt and output budgets, γ) sized for a host of `args.tpu`."""
-  from specdec.evaluation import grid
   import gin
+  import jax.numpy as jnp
+  from specdec.evaluation import grid
   gin.clear_config()
   try:
     experiment = grid.parse_gin([str(REPO_ROOT / args.config)])
@@ -268,8 +275,11 @@ def gemma_sizing(args: argparse.Namespace) -> Sizing:
   task = grid.find_task(experiment.task)
   # prompt budget + output + the speculative loop's overhang (γ + 1 positions past the output)
   cache_length = task.max_input_tokens + task.max_target_tokens + max(experiment.gammas) + 1
+  dtypes = {source.dtype or "float32" for source in (experiment.drafter, experiment.verifier)}
+  if len(dtypes) != 1:
+    raise ValueError(f"the sizing assumes one dtype for both models; the config loads {sorted(dtypes)}")
   return size_mesh(args.tpu, GEMMA_PATTERN.search(args.config).group(1), cache_length,
-                   args.batch_size or experiment.batch_size)
+                   args.batch_size or experiment.batch_size, jnp.dtype(dtypes.pop()).itemsize)
 
 
 def main(argv: list[str] | None = None) -> list[Command]:

@@ -20,7 +20,7 @@ timed = [p for p in grid.expand_grid(experiment) if p.is_baseline
 for size in [int(s) for s in sys.argv[2:]]:
   workload = sweep.load_workload(dataclasses.replace(experiment, batch_size=size))
   for point in timed:
-    sweep.decode_rows(point, workload, jax.random.PRNGKey(0), sweep.batches(workload)[0], on_mesh=True)  # compile
+    sweep.decode_rows(point, workload, jax.random.PRNGKey(0), sweep.batches(workload)[0])  # compile
     start = time.perf_counter()
     sweep.quality(point, workload)
     print(f"batch {size:3d} {point.family:20s} {dict(point.params)}: {time.perf_counter() - start:6.1f} s "

@@ -39,10 +39,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from etils import epath
 
 from specdec.data import debian
 from specdec.data.tasks import Task, Tokenized
@@ -65,7 +68,7 @@ class Example:
   body: str
   cue: str
   answer: str
-  references: str | tuple[str, ...]
+  references: str | tuple[str, ...]   # MBPP: (setup code, asserts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,11 +115,17 @@ def _trivia_answers(record: dict) -> list[str]:
 
 
 def _mbpp(record: dict) -> Example:
+  """References: (setup code, the asserts), run around the response's code by `pass_at_1`."""
   tests = "\n".join(record["test_list"])
   cue = (f"You are an expert Python programmer, and here is your task: {record['text']} "
          f"Your code should pass these tests:\n\n{tests}\n")
-  program = "\n".join(part for part in (record.get("test_setup_code", ""), tests) if part)
-  return Example("", cue, f"[BEGIN]\n{record['code']}\n[DONE]", program)
+  return Example("", cue, f"[BEGIN]\n{record['code']}\n[DONE]", (record.get("test_setup_code", ""), tests))
+
+
+def _gsm8k(record: dict) -> Example:
+  # The solutions' calculator annotations ("<<48/2=24>>") are tool calls, not text a model should imitate.
+  answer = re.sub(r"<<[^>]*>>", "", record["answer"])
+  return Example("", f"Question: {record['question']}\nAnswer:", answer, answer)
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
@@ -129,7 +138,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
                                 r["highlights"])),
     Benchmark("fewshot_gsm8k", "gsm8k:1.0.0", "test", "train", 8, "gsm8k_exact_match", 320, 2048,
               "Solve each problem step by step; end with '#### ' and the final number.",
-              lambda r: Example("", f"Question: {r['question']}\nAnswer:", r["answer"], r["answer"])),
+              _gsm8k),
     Benchmark("fewshot_mbpp", "mbpp", "test", "shots", 3, "pass_at_1", 320, 1024, "", _mbpp, separator="",
               stop="[DONE]"),
     Benchmark("fewshot_squad_v2", "squad/v2.0:3.0.0", "validation", "train", 3, "exact_match", 5, 1536,
@@ -174,15 +183,14 @@ def _data_dir(data_dir: str | os.PathLike | None) -> str:
 def read_mbpp(split: str, *, data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
   """MBPP's records of `split` (`MBPP_SPLITS`, or 'shots': tasks 2, 3, 4) from `<data_dir>/mbpp.jsonl`, the file
   of MBPP's release (data_dir default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)."""
-  path = os.path.join(_data_dir(data_dir), MBPP_FILE)
-  if not os.path.isfile(path):
+  path = epath.Path(_data_dir(data_dir)) / MBPP_FILE    # a local path or gs://…
+  if not path.exists():
     raise FileNotFoundError(f"no {path}: copy MBPP's {MBPP_FILE} (its release on GitHub, "
                             "google-research/mbpp) there; nothing is downloaded")
   ids = MBPP_SHOTS if split == "shots" else MBPP_SPLITS.get(split)
   if ids is None:
     raise ValueError(f"MBPP split must be one of {', '.join(MBPP_SPLITS)}, shots; got {split!r}")
-  with open(path) as f:
-    records = {record["task_id"]: record for record in map(json.loads, filter(str.strip, f))}
+  records = {record["task_id"]: record for record in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
   return [records[i] for i in ids if i in records]
 
 

@@ -198,14 +198,15 @@ def register_tasks(*, source: str | os.PathLike = "auto", t5_vocab_path: str | N
 
 
 def register_few_shot_tasks(vocab_path: str | None = None, *, data_dir: str | None = None, source: str = "auto",
-                            chat_template: bool = False, n_examples: int = 1000, seed: int = 0) -> list[str]:
+                            chat_template: bool = False, n_examples: int = 1000, sample_seed: int = 0) -> list[str]:
   """Registers every few-shot benchmark (`few_shot.BENCHMARKS`) as the seqio task 'specdec_<name>' ('…_chat'
   with `chat_template`), for decoder-only models in the SentencePiece vocabulary at `vocab_path` (Gemma's).
 
   The examples are `few_shot.examples` (the sweep's prompts, token for token): 'inputs' the few-shot
   prompt's ids (<bos> first where the vocabulary has it, no eos: the model continues it), 'targets' the
   reference answer (eos appended by `append_eos_after_trim`), and their '_pretokenized' texts; the one split
-  is the benchmark's evaluated split (`Benchmark.split`). `data_dir`: tfds's data (and MBPP's mbpp.jsonl).
+  is the benchmark's evaluated split (`Benchmark.split`), `n_examples` of it sampled with `sample_seed`
+  (the sweep's `Experiment.seed`). `data_dir`: tfds's data (and MBPP's mbpp.jsonl).
   """
   import seqio
   import tensorflow as tf
@@ -213,10 +214,10 @@ def register_few_shot_tasks(vocab_path: str | None = None, *, data_dir: str | No
   ids, text = tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.string)
   names = []
   for benchmark in few_shot.BENCHMARKS.values():
-    def dataset_fn(split: str, shuffle_files: bool, seed_: int | None = None, *, benchmark=benchmark):
-      del shuffle_files, seed_   # the sample is `seed`'s (`few_shot.sample_rows`), as in the sweep
-      rows = few_shot.examples(benchmark, vocab, split, n_examples, data_dir=data_dir, source=source, seed=seed,
-                               chat_template=chat_template)
+    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None, *, benchmark=benchmark):
+      del shuffle_files, seed   # one in-memory list; the sample is `sample_seed`'s, as in the sweep
+      rows = few_shot.examples(benchmark, vocab, split, n_examples, data_dir=data_dir, source=source,
+                               seed=sample_seed, chat_template=chat_template)
       return tf.data.Dataset.from_generator(
           lambda: ({"inputs": row.prompt, "targets": row.target[:-1], "inputs_pretokenized": row.text,
                     "targets_pretokenized": vocab.decode(row.target)} for row in rows),

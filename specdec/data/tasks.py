@@ -68,7 +68,7 @@ class Task:
 
   def response(self, text: str) -> str:
     """A decoded output as the metric reads it: cut where `stop` starts and stripped (few-shot), else as is."""
-    return text.split(self.stop)[0].strip() if self.stop else text
+    return text.lstrip().split(self.stop)[0].strip() if self.stop else text
 
   @property
   def seq_len(self) -> int:

@@ -37,6 +37,7 @@ class ModelSource:
   seed: int = 0                    # preset only
   vocab_size: int | None = None    # preset only; None: the vocabulary's size
   max_length: int = 512            # preset only
+  dtype: str | None = None         # 'bfloat16': weights and KV caches in it (`models.with_dtype`); None: float32
   # A directory holding the parts of the drafter's export that methods read (`training.exports.PARTS`:
   # SpecDec++'s acceptance_head/); None: the model's own export directory.
   head: str | None = None
@@ -90,8 +91,9 @@ class Experiment:
   seed: int = 0
   output: str = "outputs/sweep/results.jsonl"
   allow_mixed_runs: bool = False   # resume a run recorded on another commit or machine
-  # (data, model): quality batches decoded on a mesh of this host's devices (rows over 'data', parameters
-  # by the logical axis rules over 'model'); latency stays at batch 1 on one device. None: one device.
+  # (data, model): the pair decodes on a mesh of this host's devices (rows over 'data', parameters by the
+  # logical axis rules over 'model'; loaded through host memory, so a model larger than one device fits);
+  # latency then times one example per data shard. None: one device.
   mesh_shape: tuple[int, int] | None = None
   # The paper's tfds tasks (`task` = 'wmt_t2t_ende', 'xsum', 'cnn_dailymail', …: specdec.data.seqio_tasks):
   # where tfds keeps them, and the SentencePiece model the pair was trained with (T5's). None: tfds's own
@@ -181,6 +183,8 @@ def _check_experiment(experiment: Experiment) -> None:
     source = getattr(experiment, role)
     if (source.path is None) == (source.preset is None):
       raise ValueError(f"{role}: give exactly one of path (an exported model) and preset; got {source}")
+    if source.dtype is not None and source.dtype not in ("float32", "bfloat16", "float16"):
+      raise ValueError(f"{role}: dtype must be float32, bfloat16 or float16 (None: float32); got {source.dtype!r}")
     known = [*models.PRESETS, *models.t5.PRESETS, *models.gemma2.PRESETS]
     if source.preset is not None and source.preset not in known:
       raise ValueError(f"{role}: unknown preset {source.preset!r}; known: {', '.join(known)}")

@@ -85,7 +85,7 @@ def example_statistics(metric: str, hypotheses: Sequence[str], references: Seque
   (n = 1…4), n-gram totals (n = 1…4)], for the others the example's score × 100 (ROUGE-2 F-measure;
   exact_match, f1: the best over the example's references, a string or a list of them;
   gsm8k_exact_match: final answers equal; pass_at_1: the response's program (`sandbox.extract_code`) passes
-  the reference, MBPP's setup and asserts, run in `sandbox`)."""
+  the reference (setup code, asserts), MBPP's, run in `sandbox` as setup, program, asserts)."""
   _check_pairs(hypotheses, references)
   if metric == "bleu":
     return np.asarray(BLEU()._extract_corpus_statistics(list(hypotheses), [list(references)]), np.int64)
@@ -97,7 +97,8 @@ def example_statistics(metric: str, hypotheses: Sequence[str], references: Seque
       "f1": lambda hyp, ref: max(_token_f1(hyp, a) for a in _answers(ref)),
       "gsm8k_exact_match": lambda hyp, ref: float(final_number(hyp) is not None
                                                   and final_number(hyp) == final_number(ref)),
-      "pass_at_1": lambda hyp, ref: float(sandbox.run_program(sandbox.extract_code(hyp), [ref]).passed),
+      "pass_at_1": lambda hyp, ref: float(sandbox.run_program(sandbox.extract_code(hyp), [ref[1]],
+                                                              setup=ref[0]).passed),
   }
   if metric not in per_example:
     raise ValueError(f"metric must be one of bleu, rouge2, {', '.join(per_example)} for texts (log_likelihood "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,14 +133,18 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 
 def extract_code(response: str) -> str:
-  """The program in a model's response: between MBPP's "[BEGIN]" and "[DONE]" markers, else the first
-  fenced block (```python … ```: instruction-tuned models write one), else the response itself."""
+  """The program in a model's response: what lies between MBPP's "[BEGIN]" and "[DONE]" markers (or the
+  whole response), and within that the first fenced block (```python … ```: instruction-tuned models write
+  one, inside the markers too) without its language tag."""
   if "[BEGIN]" in response:
     response = response.split("[BEGIN]", 1)[1]
-  elif "```" in response:
-    block = response.split("```", 2)[1]
-    response = block.split("\n", 1)[1] if "\n" in block and block.split("\n", 1)[0].strip().isalnum() else block
-  return response.split("[DONE]", 1)[0].strip("\n")
+  response = response.split("[DONE]", 1)[0]
+  if "```" in response:
+    response = response.split("```", 2)[1]
+    tag, _, rest = response.partition("\n")
+    if re.fullmatch(r"[\w.+#-]*", tag.strip()):
+      response = rest
+  return response.strip("\n")
 
 
 def pass_at_1(results: Sequence[Result]) -> float:

@@ -74,8 +74,7 @@ class Workload:
   latency_trials: int
   seed: int
   drafter_parts: dict[str, Any] = dataclasses.field(default_factory=dict)   # of its export (`exports.PARTS`)
-  mesh: Any = None              # quality batches run on it (Experiment.mesh_shape) with `sharded` models
-  sharded: tuple[Model, Model] | None = None
+  mesh: Any = None              # Experiment.mesh_shape's: the models are sharded on it, the rows split
 
 
 def _parts_directory(source: ModelSource) -> str | None:
@@ -87,18 +86,22 @@ def _parts_directory(source: ModelSource) -> str | None:
   return source.head or source.directory()
 
 
-def _load_model(source: ModelSource, vocab: Vocabulary) -> Model:
+def _load_model(source: ModelSource, vocab: Vocabulary, *, host: bool = False) -> Model:
+  """The model in `source.dtype`; `host`: a checkpoint's parameters kept in host memory (to be sharded)."""
   if source.path is not None:
-    return convert.load_any(source.directory())
-  return models.build(source.preset, vocab_size=source.vocab_size or vocab.vocab_size, seed=source.seed,
-                      max_length=source.max_length)
+    model = convert.load_any(source.directory(), host=host)
+  else:
+    model = models.build(source.preset, vocab_size=source.vocab_size or vocab.vocab_size, seed=source.seed,
+                         max_length=source.max_length)
+  return model if source.dtype is None else models.with_dtype(model, source.dtype)
 
 
 def load_workload(experiment: Experiment) -> Workload:
   """Loads the pair and the first `n_examples` examples of the task split (tokenized as the task does: T5's
   encoder inputs for an encoder-decoder pair, decoder-only prompts otherwise)."""
   vocab = load_vocabulary(experiment.vocab_path)
-  drafter, verifier = _load_model(experiment.drafter, vocab), _load_model(experiment.verifier, vocab)
+  on_mesh = experiment.mesh_shape is not None
+  drafter, verifier = (_load_model(source, vocab, host=on_mesh) for source in (experiment.drafter, experiment.verifier))
   encoder_decoder = isinstance(verifier, models.T5)
   if isinstance(drafter, models.T5) != encoder_decoder:
     raise ValueError(f"drafter and verifier must both be encoder-decoder (T5) or both decoder-only; got "
@@ -132,16 +135,16 @@ def load_workload(experiment: Experiment) -> Workload:
   prompts, prompt_lengths = split.prompts(rows)
   latency_rows = np.sort(np.random.default_rng(experiment.seed).permutation(experiment.n_examples)[
       :experiment.n_latency_examples])
-  batch_size, mesh, sharded = min(experiment.batch_size, experiment.n_examples), None, None
-  if experiment.mesh_shape is not None:
+  batch_size, mesh = min(experiment.batch_size, experiment.n_examples), None
+  if on_mesh:
     # This host's devices: on a multi-host slice each host sweeps its own block of the grid.
     mesh = partitioning.make_mesh(*experiment.mesh_shape, devices=jax.local_devices())
     if batch_size % mesh.shape[partitioning.DATA]:
       raise ValueError(f"batch_size {batch_size} must be a multiple of the mesh's data axis "
                        f"({mesh.shape[partitioning.DATA]}; Experiment.mesh_shape = {experiment.mesh_shape})")
-    sharded = (partitioning.shard_model(drafter, mesh), partitioning.shard_model(verifier, mesh))
+    drafter, verifier = partitioning.shard_model(drafter, mesh), partitioning.shard_model(verifier, mesh)
   return Workload(
-      drafter=drafter, verifier=verifier, mesh=mesh, sharded=sharded,
+      drafter=drafter, verifier=verifier, mesh=mesh,
       task=task, vocab=vocab, prompts=prompts, prompt_lengths=prompt_lengths,
       references=[split.records[i][task.target_field] for i in rows], latency_rows=latency_rows,
       max_new_tokens=experiment.max_new_tokens or task.max_target_tokens, batch_size=batch_size,
@@ -173,14 +176,12 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
 
 # --- running one point -----------------------------------------------------------------------------------
 
-def decode_rows(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray, *, on_mesh: bool = False
-            ) -> decoding.Output:
-  """Decodes `rows` at `point`, each row's randomness from (key, its row index); `on_mesh`: on the
-  workload's mesh, if it has one (quality batches)."""
-  on_mesh = on_mesh and workload.mesh is not None
-  small, large = workload.sharded if on_mesh else (workload.drafter, workload.verifier)
+def decode_rows(point: Point, workload: Workload, key: jax.Array, rows: np.ndarray) -> decoding.Output:
+  """Decodes `rows` at `point`, each row's randomness from (key, its row index); on the workload's mesh,
+  if it has one, the rows split over its data axis."""
+  small, large = workload.drafter, workload.verifier
   prompts = workload.prompts[rows]
-  if on_mesh:
+  if workload.mesh is not None:
     prompts = partitioning.shard_batch(jnp.asarray(prompts), workload.mesh)
   drafter = None
   if point.model == "pair":
@@ -206,7 +207,7 @@ def quality(point: Point, workload: Workload) -> tuple[np.ndarray, dict[str, int
   scores, hypotheses = [], []
   totals = dict.fromkeys(common.STAT_NAMES, 0)
   for index, rows in enumerate(batches(workload)):
-    out = decode_rows(point, workload, key, rows, on_mesh=True)
+    out = decode_rows(point, workload, key, rows)
     real = min(len(rows), n - index * workload.batch_size)
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     for name, count in metrics.count_totals({name: np.asarray(getattr(out.stats, name))[:real]
@@ -235,18 +236,21 @@ def latency(point: Point, workload: Workload, baseline: Point | None = None) -> 
   """Wall-clock seconds per latency example at batch size 1 (App. F.1), summed over `latency_trials`
   passes, after one warm-up call (compilation) excluded: [n_latency] for the point, then for the
   `baseline` if given, which is timed on each example right after the point (same key): on a shared
-  machine the ratio of interleaved timings is stable where timings taken minutes apart are not."""
+  machine the ratio of interleaved timings is stable where timings taken minutes apart are not. On a mesh
+  each data shard decodes the example (the batch is the example repeated over the data axis), the models
+  split over 'model' as in the quality batches."""
   key = jax.random.fold_in(jax.random.PRNGKey(workload.seed), 1)
   rows = workload.latency_rows
+  copies = 1 if workload.mesh is None else workload.mesh.shape[partitioning.DATA]
   timed = [point] if baseline is None else [point, baseline]
   for each in timed:
-    jax.block_until_ready(decode_rows(each, workload, key, rows[:1]).tokens)
+    jax.block_until_ready(decode_rows(each, workload, key, np.repeat(rows[:1], copies)).tokens)
   seconds = np.zeros((len(timed), len(rows)))
   for _ in range(workload.latency_trials):
     for j, row in enumerate(rows):
       for i, each in enumerate(timed):
         start = time.perf_counter()
-        jax.block_until_ready(decode_rows(each, workload, key, np.array([row])).tokens)
+        jax.block_until_ready(decode_rows(each, workload, key, np.repeat(row, copies)).tokens)
         seconds[i, j] += time.perf_counter() - start
   return list(seconds)
 
@@ -283,10 +287,12 @@ def _directory_digest(path: str) -> str:
 
 
 def _model_identity(source: ModelSource, model: Model) -> dict[str, Any]:
+  # the dtype only when set: records of float32 runs keep their hashes
+  dtype = {} if source.dtype is None else {"dtype": source.dtype}
   if source.path is not None:
-    return {"path": source.path, "content": _directory_digest(source.directory())}
+    return {"path": source.path, "content": _directory_digest(source.directory()), **dtype}
   return {"preset": source.preset, "seed": source.seed, "vocab_size": model.vocab_size,
-          "max_length": model.max_length}
+          "max_length": model.max_length, **dtype}
 
 
 def context(experiment: Experiment, workload: Workload) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec.models import base, gemma2, t5
 from specdec.models.gemma2 import Gemma2, Gemma2Config
@@ -102,11 +103,13 @@ def _path(path: tuple) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def with_params(model: Any, params: Any) -> Any:
+def with_params(model: Any, params: Any, *, host: bool = False) -> Any:
   """`model` with `params` (e.g. from a checkpoint), checked against the model's own parameters.
 
   The trees must hold the same paths with the same shapes; the result keeps the model's container
-  types and dtypes. Raises ValueError naming the missing, unexpected and mis-shaped entries.
+  types and dtypes. `host`: the parameters stay NumPy arrays in host memory, for `with_dtype` to cast and
+  `partitioning.shard_model` to place shard by shard (a model larger than one device's memory never lands
+  whole on the first device). Raises ValueError naming the missing, unexpected and mis-shaped entries.
   """
   expected_leaves, treedef = jax.tree_util.tree_flatten_with_path(model.params)
   expected = {_path(p): leaf for p, leaf in expected_leaves}
@@ -120,7 +123,8 @@ def with_params(model: Any, params: Any) -> Any:
                 for name, items in [("missing", missing), ("unexpected", unexpected), ("wrong shape", misshaped)]
                 if items]
     raise ValueError("parameters do not match the model: " + "; ".join(problems))
-  leaves = [jnp.asarray(given[p], expected[p].dtype) for p in expected]
+  to_array = np.asarray if host else jnp.asarray
+  leaves = [to_array(given[p], expected[p].dtype) for p in expected]
   return model.replace(params=jax.tree_util.tree_unflatten(treedef, leaves))
 
 

@@ -60,9 +60,9 @@ def _abstract(config: t5.T5Config) -> t5.T5:
   return jax.eval_shape(functools.partial(t5.init, config), jax.random.PRNGKey(0))
 
 
-def _checked(where: str, config: t5.T5Config, params: Any) -> t5.T5:
+def _checked(where: str, config: t5.T5Config, params: Any, *, host: bool = False) -> t5.T5:
   try:
-    return models.with_params(_abstract(config), params)
+    return models.with_params(_abstract(config), params, host=host)
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from e
 
@@ -156,8 +156,9 @@ def _safetensors_files(directory: str) -> dict[str, str]:
     return {name: single for name in f.keys()}
 
 
-def load_hf_t5(directory: str, *, max_length: int = 512) -> t5.T5:
-  """The `T5ForConditionalGeneration` that `save_pretrained` wrote to `directory`, as a float32 `t5.T5`.
+def load_hf_t5(directory: str, *, max_length: int = 512, host: bool = False) -> t5.T5:
+  """The `T5ForConditionalGeneration` that `save_pretrained` wrote to `directory`, as a float32 `t5.T5`
+  (`host`: parameters left in host memory, `models.with_params`).
 
   Raises CheckpointError for a config that is not T5 v1.1 and for a missing, unexpected or mis-shaped
   tensor, naming it.
@@ -198,7 +199,7 @@ def load_hf_t5(directory: str, *, max_length: int = 512) -> t5.T5:
   # Original T5 rescales the decoder output before its (tied) head; fold the factor into the kernel.
   if hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True) is not False):
     flat[("decoder", "logits_dense", "kernel")] = flat[("decoder", "logits_dense", "kernel")] * config.emb_dim ** -0.5
-  return _checked(where, config, traverse_util.unflatten_dict(flat))
+  return _checked(where, config, traverse_util.unflatten_dict(flat), host=host)
 
 
 def save_hf_t5(model: t5.T5, directory: str | os.PathLike) -> str:
@@ -267,10 +268,10 @@ def gemma2_config_from_hf(hf: dict[str, Any], *, max_length: int | None = None) 
       layer_types=tuple(kinds[kind] for kind in hf.get("layer_types") or ()))
 
 
-def load_hf_gemma2(directory: str, *, max_length: int | None = None) -> gemma2.Gemma2:
+def load_hf_gemma2(directory: str, *, max_length: int | None = None, host: bool = False) -> gemma2.Gemma2:
   """The `Gemma2ForCausalLM` that `save_pretrained` wrote to `directory`, as a float32 `gemma2.Gemma2`
-  (default max_length: the config's max_position_embeddings). Raises CheckpointError naming a missing,
-  unexpected or mis-shaped tensor."""
+  (default max_length: the config's max_position_embeddings; `host`: parameters left in host memory,
+  `models.with_params`). Raises CheckpointError naming a missing, unexpected or mis-shaped tensor."""
   directory, where = os.path.abspath(directory), f"Hugging Face checkpoint {os.path.abspath(directory)}"
   try:
     config = gemma2_config_from_hf(_hf_config(directory), max_length=max_length)
@@ -309,17 +310,18 @@ def load_hf_gemma2(directory: str, *, max_length: int | None = None) -> gemma2.G
                           f"{', '.join(unexpected[:5])}{' …' if len(unexpected) > 5 else ''}")
   try:
     return models.with_params(jax.eval_shape(functools.partial(gemma2.init, config), jax.random.PRNGKey(0)),
-                              traverse_util.unflatten_dict(flat))
+                              traverse_util.unflatten_dict(flat), host=host)
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from e
 
 
-def load_gemma(path: str, preset: str, *, max_length: int | None = None) -> gemma2.Gemma2:
+def load_gemma(path: str, preset: str, *, max_length: int | None = None, host: bool = False) -> gemma2.Gemma2:
   """A Gemma 2 checkpoint in the `gemma` library's Orbax layout (the released Flax checkpoints: a tree keyed
   'transformer/layer_i/attn/q_einsum' → {'w': …}, 'transformer/layer_i/mlp/gating_einsum' → {'w': …}, …,
   nested or flat), read without the `gemma` package. `preset` (`gemma2.PRESETS`: gemma2_2b, gemma2_9b,
   gemma2_27b) gives what the tensors do not (the query scaling, the window, the soft caps); the vocabulary
-  is the embedding's rows. Raises CheckpointError naming a missing, unexpected or mis-shaped tensor."""
+  is the embedding's rows; `host` as `load_hf_gemma2`. Raises CheckpointError naming a missing, unexpected
+  or mis-shaped tensor."""
   where = f"gemma checkpoint {path}"
   if preset not in gemma2.PRESETS:
     raise CheckpointError(f"{where}: unknown preset {preset!r}; one of {', '.join(gemma2.PRESETS)}")
@@ -341,7 +343,7 @@ def load_gemma(path: str, preset: str, *, max_length: int | None = None) -> gemm
                                                                  "max_len": max_length or 8192})
   try:
     return models.with_params(jax.eval_shape(functools.partial(gemma2.init, config), jax.random.PRNGKey(0)),
-                              traverse_util.unflatten_dict(flat))
+                              traverse_util.unflatten_dict(flat), host=host)
   except ValueError as e:
     raise CheckpointError(f"{where} (preset {preset}): {e}") from e
 
@@ -355,17 +357,18 @@ def _hf_config(directory: str) -> dict[str, Any]:
                           "directory holds one") from e
 
 
-def load_any(path: str) -> Any:
+def load_any(path: str, *, host: bool = False) -> Any:
   """The model at `path`: an export (`checkpoint.save_params`: model.json) or a Hugging Face save_pretrained
-  directory (config.json: `load_hf`)."""
+  directory (config.json: `load_hf`; `host`: its parameters left in host memory, for a model to be sharded
+  that one device cannot hold; an export is restored onto the first device)."""
   if os.path.exists(os.path.join(path, "config.json")) and not os.path.exists(os.path.join(path, "model.json")):
-    return load_hf(path)
+    return load_hf(path, host=host)
   return load_model(path)
 
 
 def load_hf(directory: str, **kwargs: Any) -> t5.T5 | gemma2.Gemma2:
   """The model `save_pretrained` wrote to `directory`, by its config's model_type: 't5' (`load_hf_t5`) or
-  'gemma2' (`load_hf_gemma2`); `kwargs` (max_length) go to that loader."""
+  'gemma2' (`load_hf_gemma2`); `kwargs` (max_length, host) go to that loader."""
   model_type = _hf_config(os.path.abspath(directory)).get("model_type")
   loaders = {"t5": load_hf_t5, "gemma2": load_hf_gemma2}
   if model_type not in loaders:

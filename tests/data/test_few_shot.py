@@ -76,13 +76,15 @@ def test_mbpp_reads_its_release_file_with_the_papers_shots_and_the_references_ru
   rows = few_shot.examples(benchmark, SHIPPED, "test", 3, data_dir=tmp_path, seed=1)
   assert len(rows) == 3 and all("[BEGIN] def add_2(x)" in _flat(row.text) for row in rows)
   from specdec.evaluation import metrics
-  task_ids = [int(re.search(r"add_(\d+)", row.references).group(1)) for row in rows]
+  task_ids = [int(re.search(r"add_(\d+)", row.references[1]).group(1)) for row in rows]
   assert all(11 <= task_id <= 15 for task_id in task_ids)   # the test split: tasks 11–510
   solution = [f"[BEGIN]\n{_mbpp_record(task_id)['code']}\n[DONE]" for task_id in task_ids]
   wrong = ["[BEGIN]\ndef nothing():\n    pass\n[DONE]"] * 3
   references = [row.references for row in rows]
   assert metrics.example_statistics("pass_at_1", solution, references)[:, 0].tolist() == [100.0] * 3
   assert metrics.example_statistics("pass_at_1", wrong, references)[:, 0].tolist() == [0.0] * 3
+  # MBPP's setup code runs first, then the program, then the asserts
+  assert metrics.example_statistics("pass_at_1", ["X = SETUP + 1"], [("SETUP = 1", "assert X == 2")])[0, 0] == 100.0
   with pytest.raises(FileNotFoundError, match="mbpp.jsonl"):
     few_shot.read_mbpp("test", data_dir=tmp_path / "elsewhere")
 
@@ -143,10 +145,11 @@ def test_responses_are_cut_at_the_stop_text_and_samples_are_seeded():
 def test_seqio_task_decodes_the_sweeps_prompts(tfds_mock):
   import seqio
   benchmark = few_shot.get_benchmark("fewshot_gsm8k")
-  names = seqio_tasks.register_few_shot_tasks(n_examples=3)
+  names = seqio_tasks.register_few_shot_tasks(n_examples=3)   # seqio passes a seed to the source: accepted
   assert f"specdec_{benchmark.name}" in names and len(names) == len(few_shot.BENCHMARKS)
   dataset = seqio.get_mixture_or_task(f"specdec_{benchmark.name}").get_dataset(
-      {"inputs": benchmark.max_input_tokens, "targets": benchmark.max_new_tokens}, split="test", shuffle=False)
+      {"inputs": benchmark.max_input_tokens, "targets": benchmark.max_new_tokens}, split="test", shuffle=False,
+      seed=0)
   got = list(dataset.as_numpy_iterator())
   want = few_shot.examples(benchmark, SHIPPED, "test", 3)
   assert [example["inputs"].tolist() for example in got] == [row.prompt for row in want]

@@ -84,6 +84,11 @@ def test_gemma_launch_sizes_the_host_mesh_for_the_27b_verifier_and_skips_finetun
   weights, caches, _ = launch.gemma_pair_bytes("27b", 2048 + 320 + 2, 64)
   assert 27e9 < weights / 2 < 31e9   # ≈ 2.6 B + 27.2 B parameters, bf16
   assert sizing.per_chip_bytes == weights // 2 + caches // 4 <= sizing.usable_bytes
+  # the pairs load in bfloat16 (configs/pairs/gemma2_*.gin); in float32 only a (1, 4) mesh would hold them
+  assert launch.gemma_sizing(launch.parse_args([f"--config={GEMMA}", "--tpu=v5p-8", "--bucket=gs://bkt"])) == sizing
+  assert launch.size_mesh("v5p-8", "27b", 2048 + 320 + 2, 64, bytes_per_value=4).mesh == (1, 4)
+  with pytest.raises(ValueError, match="give a multiple of 2"):
+    launch.size_mesh("v6e-8", "27b", 2048 + 320 + 2, 63)
   with pytest.raises(ValueError, match="does not fit a v4-8 host .* lower --batch_size"):
     launch.size_mesh("v4-8", "27b", 2048 + 320 + 2, 64)
   assert launch.size_mesh("v4-8", "27b", 2048 + 320 + 2, 32).mesh == (1, 4)

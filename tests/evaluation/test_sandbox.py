@@ -75,4 +75,5 @@ def test_code_is_extracted_from_mbpp_markers_fences_or_taken_whole():
   assert sandbox.extract_code(f"[BEGIN]\n{code}\n[DONE]\n\nYou are") == code
   assert sandbox.extract_code(f"Here it is:\n```python\n{code}\n```\nDone.") == code
   assert sandbox.extract_code(f"```\n{code}\n```") == code
+  assert sandbox.extract_code(f"[BEGIN]\n```python3.10\n{code}\n```\n[DONE]") == code   # a chat model copying shots
   assert sandbox.extract_code(code) == code

@@ -52,6 +52,10 @@ def test_load_hf_gives_transformers_logits_teacher_forced_and_through_the_cache(
     logits, cache = ours.score(cache, jnp.asarray(tokens[:, start:end], jnp.int32))
     got.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=1e-4, rtol=0)
+  # host=True (the sweep on a mesh): the same parameters, left in host memory to be sharded from there
+  on_host = convert.load_hf(str(directory), host=True)
+  assert all(type(leaf) is np.ndarray for leaf in jax.tree.leaves(on_host.params))
+  jax.tree.map(np.testing.assert_array_equal, on_host.params, ours.params)
 
 
 def test_load_hf_names_a_missing_or_misshaped_tensor_and_reads_t5_too(hf_model, tmp_path):
