@@ -44,7 +44,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
 from etils import epath
 
 from specdec.data import debian
@@ -194,21 +193,27 @@ def read_mbpp(split: str, *, data_dir: str | os.PathLike | None = None) -> list[
   return [records[i] for i in ids if i in records]
 
 
+def read_tfds(dataset: str, split: str, *, data_dir: str | os.PathLike | None = None, limit: int | None = None
+              ) -> list[dict[str, Any]]:
+  """The first `limit` examples of a tfds dataset's split (`name[/config]:version`) in the dataset's order,
+  as Python values. Needs tensorflow_datasets and the data in `data_dir` (default: tfds's own); nothing
+  is downloaded."""
+  import tensorflow_datasets as tfds   # optional: `pip install -e '.[seqio]'`
+  examples = tfds.load(dataset, split=split, data_dir=data_dir, shuffle_files=False, download=False)
+  if limit is not None:
+    examples = examples.take(limit)
+  return [_python(example) for example in tfds.as_numpy(examples)]
+
+
 def read_records(benchmark: Benchmark, split: str, *, data_dir: str | os.PathLike | None = None,
                  limit: int | None = None, source: str = "auto") -> list[dict[str, Any]]:
   """The first `limit` records of a benchmark's split in the dataset's order, as Python values: tfds
-  (`tfds.load(…, download=False)`), MBPP's JSONL or the local Debian sample (`source` as `debian.load`)."""
+  (`read_tfds`), MBPP's JSONL or the local Debian sample (`source` as `debian.load`)."""
   if benchmark.dataset in debian.DATASETS:
-    records = debian.load(benchmark.dataset, split, source=source)
-  elif benchmark.dataset == "mbpp":
-    records = read_mbpp(split, data_dir=data_dir)
-  else:
-    import tensorflow_datasets as tfds   # optional: `pip install -e '.[seqio]'`
-    dataset = tfds.load(benchmark.dataset, split=split, data_dir=data_dir, shuffle_files=False, download=False)
-    if limit is not None:
-      dataset = dataset.take(limit)
-    return [_python(example) for example in tfds.as_numpy(dataset)]
-  return list(records[:limit])
+    return list(debian.load(benchmark.dataset, split, source=source)[:limit])
+  if benchmark.dataset == "mbpp":
+    return read_mbpp(split, data_dir=data_dir)[:limit]
+  return read_tfds(benchmark.dataset, split, data_dir=data_dir, limit=limit)
 
 
 def sample_rows(n_records: int, n_examples: int, seed: int) -> np.ndarray:

@@ -286,11 +286,8 @@ def tfds_records(name: str, split: str, *, data_dir: str | None = None, limit: i
   """The first `limit` records of a tfds task's split (`SEQIO_TASKS`, e.g. 'specdec_wmt_t2t_ende') as text
   fields, in the dataset's order: what the sweeps decode. Needs tensorflow_datasets and the data in
   `data_dir` (default: tfds's own); nothing is downloaded."""
-  import tensorflow_datasets as tfds
   task = get_seqio_task(name)
   if task.is_local:
     raise ValueError(f"{name} is a local task: read it with specdec.data.load")
-  dataset = tfds.load(task.text.dataset, split=split, data_dir=data_dir, shuffle_files=False, download=False)
-  if limit is not None:
-    dataset = dataset.take(limit)
-  return [{field: example[field].decode("utf-8") for field in _fields(task)} for example in tfds.as_numpy(dataset)]
+  return [{field: example[field] for field in _fields(task)}
+          for example in few_shot.read_tfds(task.text.dataset, split, data_dir=data_dir, limit=limit)]

@@ -154,3 +154,9 @@ def test_seqio_task_decodes_the_sweeps_prompts(tfds_mock):
   want = few_shot.examples(benchmark, SHIPPED, "test", 3)
   assert [example["inputs"].tolist() for example in got] == [row.prompt for row in want]
   assert [example["targets"].tolist() for example in got] == [row.target for row in want]
+
+
+def test_the_t5_tasks_tfds_records_are_text_fields(tfds_mock):
+  records = seqio_tasks.tfds_records("specdec_wmt14_ende", "test", limit=3)
+  assert len(records) == 3 and all(set(r) == {"en", "de"} and all(isinstance(v, str) and v for v in r.values())
+                                   for r in records)
