@@ -5,8 +5,9 @@ Quality: BLEU for translation (sacrebleu's corpus BLEU, 13a tokenisation), ROUGE
 the verifier's mean per-token log-likelihood of the generated text, and for the few-shot benchmarks of §6
 exact match and token F1 of QA answers (SQuAD's normalisation, the best over a question's references) and
 GSM8K's final-answer exact match (the last number of the response against the one after '####'), and
-MBPP's pass@1 (the response's code run against the problem's tests in `sandbox`). Cost: the counters of
-`specdec.decoding.Output.stats`, summed over examples, as rates (rejection rate: Figure 3, App. F.6).
+MBPP's pass@1 (the response's code run against the problem's tests in `sandbox`, whose isolation a result
+names: `scoring`). Cost: the counters of `specdec.decoding.Output.stats`, summed over examples, as rates
+(rejection rate: Figure 3, App. F.6).
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ def example_statistics(metric: str, hypotheses: Sequence[str], references: Seque
     raise ValueError(f"metric must be one of bleu, rouge2, {', '.join(per_example)} for texts (log_likelihood "
                      f"scores tokens); got {metric!r}")
   return 100.0 * np.array([[per_example[metric](hyp, ref)] for hyp, ref in zip(hypotheses, references)])
+
+
+def scoring(metric: str) -> dict[str, str]:
+  """What a result scored with `metric` records of how it was scored, beyond the metric's name: for
+  pass_at_1 the walls the programs ran behind (`sandbox`: "namespaces" or "audit-hook",
+  `sandbox.default_isolation()`)."""
+  return {"sandbox": sandbox.default_isolation()} if metric == "pass_at_1" else {}
 
 
 def from_statistics(metric: str, statistics: np.ndarray) -> float:

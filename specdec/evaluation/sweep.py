@@ -323,7 +323,7 @@ def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] 
     seconds_per_example, relative_latency (to the verifier alone at the same temperature and top-P, timed
     interleaved with the point), baseline {hash, seconds_per_example (of that interleaved timing)}, costs
     (metrics.cost_metrics), counters (summed over examples), code (`code_digest`), git_commit, device, seeds,
-    finished_at.
+    finished_at; for pass@1, sandbox (`metrics.scoring`: the isolation the programs ran behind).
 
   Everything is validated before the first decode; nothing is written for a bad grid. Returns the
   grid's records (stored and new) in grid order.
@@ -347,6 +347,7 @@ def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] 
   mine = [points[i] for i in block]
   pending = [point for point in mine if hashes[point] not in stored]
   shared = {"context_hash": digest(run_context), "context": run_context, "metric": workload.task.metric,
+            **metrics.scoring(workload.task.metric),
             "code": code_digest(), "git_commit": git_commit(), "device": device(),
             "seeds": {"sweep": experiment.seed,
                       "drafter": experiment.drafter.seed if experiment.drafter.preset else None,

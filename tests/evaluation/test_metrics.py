@@ -9,7 +9,7 @@ import pytest
 
 from specdec import models
 from specdec.decoding import Stats
-from specdec.evaluation import metrics
+from specdec.evaluation import metrics, sandbox
 
 
 def test_bleu_of_identical_corpora_is_100():
@@ -133,3 +133,11 @@ def test_gsm8k_exact_match_compares_final_numbers():
   assert metrics.example_statistics("gsm8k_exact_match", ["no answer"], ["#### 4"])[0, 0] == 0.0
   with pytest.raises(ValueError, match="gsm8k_exact_match"):
     metrics.example_statistics("accuracy", ["a"], ["a"])
+
+
+def test_pass_at_1_results_name_the_sandbox_isolation():
+  assert metrics.scoring("pass_at_1") == {"sandbox": sandbox.default_isolation()}
+  assert metrics.scoring("bleu") == {} and metrics.scoring("exact_match") == {}
+  solved = ["[BEGIN]\ndef add(a, b):\n    return a + b\n[DONE]", "def add(a, b):\n    return a - b", ""]
+  references = [("", "assert add(1, 2) == 3")] * 3
+  assert metrics.example_statistics("pass_at_1", solved, references)[:, 0].tolist() == [100.0, 0.0, 0.0]
