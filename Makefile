@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-slow quickstart bench clean tiny-e2e
+.PHONY: test test-slow test-device device-check quickstart bench clean tiny-e2e
 
 $(STAMP): setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,19 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -q -m slow --run-slow tests
+
+# On the backend JAX finds (GPU, TPU; the CPU when it finds nothing else): the core, decoding-law and model
+# tests, float32 matmuls at full precision (tests/backends.py). docs/testing.md.
+DEVICE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+test-device:
+	env -u JAX_PLATFORMS SPECDEC_TEST_DEVICE=1 PYTHONPATH=. $(DEVICE_PYTHON) -m pytest -q tests/core \
+	  tests/decoding/test_decoding_laws.py tests/models
+
+# A short accelerator window (≤ 5 min on one GPU): the tests above, then bench_backend.py --quick, writing
+# experiments/backend_<backend>/. Without an accelerator it says so and fails. No install: lent machines
+# may have no package registry; it runs from this checkout with the Python that has JAX.
+device-check:
+	$(DEVICE_PYTHON) scripts/device_check.py
 
 quickstart: $(STAMP)
 	JAX_PLATFORMS=cpu $(BIN)/python scripts/quickstart.py

@@ -1,8 +1,21 @@
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# CPU unless `make test-device` asks for whatever backend JAX finds (tests/backends.py).
+ON_DEVICE = os.environ.get("SPECDEC_TEST_DEVICE") == "1"
+if not ON_DEVICE:
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+  if ON_DEVICE:
+    import jax
+    jax.config.update("jax_default_matmul_precision", "highest")
+    # Programs compiled by one device run are reused by the next (XLA:GPU compiles take seconds each).
+    jax.config.update("jax_compilation_cache_dir", os.environ.get(
+        "SPECDEC_TEST_CACHE", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache", "jax")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def pytest_addoption(parser):

@@ -51,8 +51,9 @@ def main() -> None:
       "one pass: jnp.sum": (lambda p: jnp.sum(p, -1), probs),
       "one pass: jnp.sum(jnp.where(p >= t, p, 0))": (lambda p: jnp.sum(jnp.where(p >= t, p, 0), -1), probs),
       "one pass: sampling.masked_sum(p, p >= t)": (lambda p: sampling.masked_sum(p, p >= t), probs),
-      "top-P search probe (_top_p.probe)": (lambda p: _top_p.probe(p, threshold), probs),
-      "top-P certificate sum (_top_p.mass_from)": (lambda p: _top_p.mass_from(p, threshold), probs),
+      "top-P search probe (_top_p.probe)": (lambda p: _top_p.probe(_top_p.order_keys(p), p, threshold), probs),
+      "top-P exact certificate (_top_p.certificate)": (
+          lambda p: _top_p.certificate(_top_p.order_keys(p), p, threshold), probs),
       "S(.) at top-P 1 (sampling.transform)": (lambda x: sampling.transform(x, 1.0, 1.0), logits),
       "S(.) at top-P 0.9 (sampling.transform)": (lambda x: sampling.transform(x, 1.0, 0.9), logits),
       **{f"search pass over K={k} thresholds": (lambda p, k=k: thresholds_pass(p, threshold + jnp.arange(k)), probs)

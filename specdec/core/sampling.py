@@ -60,10 +60,8 @@ def transform(logits: Array, temperature: float | Array, top_p: float | Array = 
   `top_p` may be traced (no recompilation when they change) and broadcast against logits.shape[:-1];
   `top_k` is static. Truncation is skipped at run time when top_p = 1.
 
-  `method` chooses how the top-p cut is searched (`TOP_P_METHODS`; the result is the same bit for bit).
-
-  The run-time branches return per-row values only and one pass writes the result: a `lax.cond` that
-  returns the [..., V] array copies it on XLA:CPU.
+  `method` chooses how the top-p cut is searched (`TOP_P_METHODS`); each gives the exact definition's cut
+  on the probabilities its program computes (`_top_p`: integer masses, exact in any summation order).
   """
   checks.check_temperature(temperature)
   checks.check_top_p(top_p)
@@ -72,12 +70,12 @@ def transform(logits: Array, temperature: float | Array, top_p: float | Array = 
   return _transform(logits, temperature, top_p, top_k, top_p_method(method))
 
 
-# How the top-p cut is found (one definition, `_keep_most_likely`; the paths agree bit for bit): "bisection"
-# (`_top_p.nucleus`, fastest on XLA:CPU, whose sort is slow), "top_k" (`_top_p.nucleus_by_top_k`, no loop:
-# TPU/GPU), or "auto", the one for `jax.default_backend()`.
+# How the top-p cut is found (one definition, `_top_p`'s exact integer masses): "bisection" (`_top_p.nucleus`,
+# fastest on XLA:CPU, whose sort is slow), "top_k" (`_top_p.nucleus_by_top_k`, no loop: TPU/GPU), or "auto",
+# the one for `jax.default_backend()`.
 TOP_P_METHODS = ("auto", "bisection", "top_k")
 
-# The top_k search's candidate set (`_top_p.nucleus_by_top_k`): a larger nucleus falls back to bisection.
+# The top_k search's candidate set (`_top_p.nucleus_by_top_k`): a larger nucleus takes the exact bisection.
 TOP_K_CANDIDATES = _top_p.TOP_K_CANDIDATES
 
 
@@ -94,17 +92,27 @@ def sample(key: Array, weights: Array) -> Array:
   """Draws an index from unnormalised non-negative `weights` [..., V] -> [...] (int32).
 
   Inverse CDF with one uniform per row: on CPU a [..., V] Gumbel or exponential draw costs more than
-  the rest of a verification step at V = 32k. Zero weights are never drawn; an all-zero row returns its
-  last index (callers guarantee a positive row, e.g. `verify.residual` falls back to π).
+  the rest of a verification step at V = 32k. The drawn index is the first whose running sum exceeds u
+  among the positive weights only: a zero weight is never drawn, even where a backend's blocked or tree
+  scan rounds the running sum so that it moves at a zero. An all-zero row returns its last index (callers
+  guarantee a positive row, e.g. `verify.residual` falls back to π).
   """
   weights = jnp.asarray(weights, jnp.float32)
   cdf = jnp.cumsum(weights, axis=-1)
   total = cdf[..., -1]
-  # u·total can round up to total: keep u strictly below it, so the first token whose cdf exceeds u (the
-  # one drawn) exists and has positive weight (its cdf jumped past u).
+  # u·total can round up to total: keep u strictly below it, so that a positive weight whose running sum
+  # exceeds u exists (the last positive one's running sum is the scan's total, up to its rounding).
   u = jnp.minimum(rng.uniform(key, weights.shape[:-1]) * total, jnp.nextafter(total, 0.0))
-  index = jnp.sum(cdf <= u[..., None], axis=-1)
-  return jnp.minimum(index, weights.shape[-1] - 1).astype(jnp.int32)
+  vocab = weights.shape[-1]
+  index = jnp.arange(vocab, dtype=jnp.int32)
+  positive = weights > 0.0
+  # One pass: the first positive weight whose running sum exceeds u, and the last positive weight (drawn
+  # where rounding leaves none above u).
+  chosen, last_positive = jax.lax.reduce(
+      (jnp.where((cdf > u[..., None]) & positive, index, vocab), jnp.where(positive, index, -1)),
+      (jnp.int32(vocab), jnp.int32(-1)), lambda a, b: (jnp.minimum(a[0], b[0]), jnp.maximum(a[1], b[1])),
+      (weights.ndim - 1,))
+  return jnp.where(chosen < vocab, chosen, jnp.where(last_positive >= 0, last_positive, vocab - 1))
 
 
 def argmax(x: Array) -> Array:
@@ -152,9 +160,16 @@ def entropy(probs: Array) -> Array:
 @functools.partial(jax.jit, static_argnames=("top_k", "method"))
 def _transform(logits: Array, temperature: Array, top_p: Array, top_k: int, method: str) -> Array:
   """The jitted kernel behind `transform` (no checks): called eagerly, its loops and branches compile once
-  per shape, not at every call."""
+  per shape, not at every call.
+
+  Tokens are ranked by the bits of their exponentials (`_top_p.order_keys`, ties by lower index) for top-k
+  and top-p alike. Every pass, the last included, derives keys and p from the same two arrays (the
+  exponentials, written once as the branch's operand, and their sum), elementwise; the top-p cut is exact
+  (`_top_p`). The run-time branches return per-row values only and one pass writes the result: a
+  `lax.cond` that returns the [..., V] array copies it on XLA:CPU."""
   logits = jnp.asarray(logits, jnp.float32)
   vocab = logits.shape[-1]
+  _top_p.check_vocab(vocab)
   temperature = jnp.asarray(temperature, jnp.float32)
   temperature = temperature if temperature.ndim == 0 else temperature[..., None]
   top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32)[..., None], logits.shape[:-1] + (1,))
@@ -162,63 +177,29 @@ def _transform(logits: Array, temperature: Array, top_p: Array, top_k: int, meth
   # Tied to these logits, the divisor is not shared with another transform in the same program (S(q) and
   # S(p) of a block): XLA:CPU writes a broadcast that two fusions share out at [..., V].
   divisor, logits = jax.lax.optimization_barrier((jnp.where(greedy, 1.0, temperature), logits))
-  # jax.nn.softmax spelled out: the branches below take the exponentials and their sum, so that the
-  # probabilities are only written once, by the last pass (XLA:CPU writes a branch's array operands).
-  scaled = logits / divisor
-  unnormalised = jnp.exp(scaled - jax.lax.stop_gradient(jnp.max(scaled, axis=-1, keepdims=True)))
+  # max(l/T) = max(l)/T (division by T > 0 is monotone): no [..., V] array of l/T is shared with a reduction.
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)) / divisor
+  unnormalised = jnp.exp(logits / divisor - top)
+  if top_k and top_k < vocab:
+    unnormalised = jnp.where(keep_top_k(_top_p.order_keys(unnormalised), top_k), unnormalised, 0.0)
   total = jnp.sum(unnormalised, axis=-1, keepdims=True)
-  if top_k:
-    unnormalised = _renormalise(unnormalised / total, _keep_most_likely(
-        unnormalised / total, jnp.ones_like(unnormalised), float(top_k)))
-    total = jnp.ones_like(total)
 
   row = logits.shape[:-1] + (1,)
-  keep_all = (jnp.zeros(row, jnp.int32), jnp.full(row, vocab, jnp.int32), jnp.ones(row, jnp.float32))
+  keep_all = (jnp.full(row, _top_p.KEEP_ALL, jnp.int32), jnp.full(row, vocab, jnp.int32), jnp.ones(row))
+
   search = _top_p.nucleus if method == "bisection" else _top_p.nucleus_by_top_k
-  cut, tie_end, norm = jax.lax.cond(jnp.all(top_p >= 1.0), lambda *_: keep_all,
-                                    lambda e, z: search(e, z, top_p), unnormalised, total)
+  cut, last, norm = _top_p.merge(top_p >= 1.0, keep_all, jax.lax.cond(
+      jnp.all(top_p >= 1.0), lambda *_: keep_all, lambda *s: search(*s, top_p), unnormalised, total))
   greedy_token = jax.lax.cond(jnp.any(greedy), lambda x: argmax(x)[..., None],
                               lambda x: jnp.full(row, -1, jnp.int32), logits)
-  probs = unnormalised / total
-  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
   index = jnp.arange(vocab, dtype=jnp.int32)
-  # bits > cut, or bits = cut before the tie end, as one comparison: XLA:CPU runs the two-comparison form
-  # slower at [1, 8192], where this pass is most of the cost.
-  keep = bits > cut - (index < tie_end).astype(jnp.int32)
-  return jnp.where(greedy, (index == greedy_token).astype(jnp.float32), jnp.where(keep, probs, 0.0) / norm)
+  keys, probs = _top_p.keys_and_probs(unnormalised, total)
+  truncated = jnp.where(_top_p.keeps(keys, cut, last), probs, 0.0) / norm
+  return jnp.where(greedy, (index == greedy_token).astype(jnp.float32), truncated)
 
 
-def _keep_most_likely(probs: Array, measure: Array, budget: Array) -> Array:
-  """Mask of the most likely tokens taken in order (ties by lower index) while the measure taken
-  *before* a token is < budget; [..., V] probs and measure, budget broadcast against [..., 1].
-
-  measure = 1 gives top-k (budget k); measure = probs gives top-p (budget P), which `_top_p.nucleus`
-  computes faster and bit for bit. No sort: the cut-off probability τ* (the least likely kept value) is
-  found by bisection on the float32 bit pattern, which is monotone for non-negative floats, so 32
-  masked reductions find it exactly; ties at τ* are then kept lowest index first. A full argsort costs
-  far more on CPU (experiments/sampling_speed/primitives.txt).
-  """
-  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
-
-  def measure_from(threshold_bits):
-    return jnp.sum(jnp.where(bits >= threshold_bits, measure, 0.0), axis=-1, keepdims=True)
-
-  def bisect(_, bracket):  # invariant: measure_from(lo) >= budget > measure_from(hi)
-    lo, hi = bracket
-    mid = lo + (hi - lo) // 2
-    enough = measure_from(mid) >= budget
-    return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
-
-  lo = jnp.zeros(probs.shape[:-1] + (1,), jnp.int32)
-  hi = jnp.max(bits, axis=-1, keepdims=True) + 1
-  lo, _ = jax.lax.fori_loop(0, 32, bisect, (lo, hi))
-  above = bits > lo
-  tied = bits == lo
-  room = budget - jnp.sum(jnp.where(above, measure, 0.0), axis=-1, keepdims=True)
-  tie_index = jnp.cumsum(tied, axis=-1) - 1
-  return above | (tied & (tie_index * measure < room))
-
-
-def _renormalise(probs: Array, keep: Array) -> Array:
-  kept = jnp.where(keep, probs, 0.0)
-  return kept / jnp.sum(kept, axis=-1, keepdims=True)
+def keep_top_k(keys: Array, k: int) -> Array:
+  """Mask [..., V] of the k most likely tokens by order key, ties by lower index: `lax.top_k`'s own
+  order (exact on every backend: integer keys, no sums)."""
+  values, indices = jax.lax.top_k(keys, k)
+  return _top_p.keeps(keys, values[..., k - 1:], indices[..., k - 1:])

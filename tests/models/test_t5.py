@@ -20,6 +20,7 @@ from safetensors.numpy import save_file
 from specdec import decoding, models, sampling, targets, verify
 from specdec.models import base, t5
 from specdec.training import CheckpointError, convert
+from tests.backends import tolerance
 from tests.stats import assert_law
 
 _logits = jax.jit(lambda model, decoder_tokens, encoder_tokens, encoder_lengths: model.logits(
@@ -99,7 +100,7 @@ def test_cached_scoring_of_ragged_rows_equals_teacher_forcing(model, n, steps):
   for step in range(steps):
     positions = np.asarray(cache.lengths)[:, None] + np.arange(n)
     logits, cache = _score(model, cache, decoder[ROWS, positions])
-    np.testing.assert_allclose(logits, reference[ROWS, positions], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(logits, reference[ROWS, positions], rtol=0, atol=tolerance(1e-5))
     cache = base.rollback(cache, np.asarray(cache.lengths) - np.array([0, step % n, (step + 1) % n]))
 
 
@@ -109,7 +110,7 @@ def test_score_returns_the_decoder_hidden_states_the_logits_are_read_from(model)
   logits, _, hidden = model.score(cache, decoder[:, :4], return_hidden=True)
   assert hidden.shape == (3, 4, model.config.emb_dim)
   kernel = np.asarray(model.params["decoder"]["logits_dense"]["kernel"])
-  np.testing.assert_allclose(logits, np.asarray(hidden, np.float32) @ kernel, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(logits, np.asarray(hidden, np.float32) @ kernel, rtol=0, atol=tolerance(1e-5))
 
 
 def test_padding_and_other_rows_do_not_change_a_row(model):
@@ -120,7 +121,7 @@ def test_padding_and_other_rows_do_not_change_a_row(model):
   for b in range(3):
     width = ENCODER_LENGTHS[b]
     alone = _logits(model, decoder[b:b + 1], encoder[b:b + 1, :width], ENCODER_LENGTHS[b:b + 1])
-    np.testing.assert_allclose(alone[0], batched[b], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(alone[0], batched[b], rtol=0, atol=tolerance(1e-5))
 
 
 def test_two_branch_tree_in_one_call_equals_each_branch_alone(model):
@@ -132,8 +133,8 @@ def test_two_branch_tree_in_one_call_equals_each_branch_alone(model):
   tree_mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], bool)
   logits, tree_cache = _score_tree(model, cache, np.concatenate([branch_a, branch_b], 1), positions,
                                    np.broadcast_to(tree_mask, (3, 4, 4)))
-  np.testing.assert_allclose(logits[:, :2], _score(model, cache, branch_a)[0], rtol=0, atol=1e-5)
-  np.testing.assert_allclose(logits[:, 2:], _score(model, cache, branch_b)[0], rtol=0, atol=1e-5)
+  np.testing.assert_allclose(logits[:, :2], _score(model, cache, branch_a)[0], rtol=0, atol=tolerance(1e-5))
+  np.testing.assert_allclose(logits[:, 2:], _score(model, cache, branch_b)[0], rtol=0, atol=tolerance(1e-5))
   np.testing.assert_array_equal(tree_cache.lengths, 7)
 
 
@@ -188,7 +189,7 @@ def assert_hf_logits_equal(hf, ours, vocab):
               decoder_input_ids=torch.from_numpy(decoder).long()).logits.numpy()
   got = np.asarray(_logits(ours, decoder, encoder, ENCODER_LENGTHS))
   assert np.abs(want).max() > 1.0
-  np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+  np.testing.assert_allclose(got, want, rtol=0, atol=tolerance(1e-4))
 
 
 def test_greedy_generate_equals_hugging_face_generate(hf_model, eos_id=None):
@@ -299,7 +300,7 @@ def _pair(vocab, max_length=32, logit_scale=1.0):
   return tuple(scaled(t5.build("t5_tiny", vocab_size=vocab, seed=s, max_length=max_length)) for s in (1, 2))
 
 
-def _assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=1e-4):
+def _assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=tolerance(1e-4)):
   """Token-for-token equality of tokens [B, N], except after a near-tie of the verifier's top-2 logits
   (float rounding of γ+1-token and 1-token scoring may flip it); returns the number of such rows."""
   got, want = np.asarray(got), np.asarray(want)

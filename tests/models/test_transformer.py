@@ -8,13 +8,14 @@ import pytest
 
 from specdec import models
 from specdec.models import base
+from tests.backends import tolerance
 
 V = 61
 B = 3
 CACHE = 24
 PROMPT_LENGTHS = np.array([3, 7, 5], np.int32)
 ROWS = np.arange(B)[:, None]
-ATOL = 1e-5
+ATOL = tolerance(1e-5)
 
 _logits = jax.jit(lambda model, tokens: model.logits(tokens))
 _score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
