@@ -175,10 +175,11 @@ def has_nan(x: Array) -> Array:
 
 
 def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tuple[int, ...], *,
-                 positions: Array | None = None, tree_mask: Array | None = None):
+                 positions: Array | None = None, tree_mask: Array | None = None, return_hidden: bool = False):
   """Scores tokens[:, :w] [B, w] for the smallest static w in `widths` (and tokens.shape[1]) that covers
-  every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w). A token tree
-  (`positions` [B, n], `tree_mask` [B, n, n]) is cut to its first w nodes the same way.
+  every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w), and with `return_hidden`
+  the last hidden states padded to [B, n, E] after them. A token tree (`positions` [B, n], `tree_mask`
+  [B, n, n]) is cut to its first w nodes the same way.
 
   A call's cost grows with its width on the CPU (experiments/model_costs/README.md), so there loops that
   score a variable number of tokens per call pick the width at run time with `lax.switch` instead of
@@ -190,8 +191,10 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   def branch(width):
     def score(cache):
       tree = {} if positions is None else dict(positions=positions[:, :width], tree_mask=tree_mask[:, :width, :width])
-      logits, cache = model.score(cache, tokens[:, :width], **tree)
-      return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache, jnp.int32(width)
+      scored = model.score(cache, tokens[:, :width], **tree, **({"return_hidden": True} if return_hidden else {}))
+      pad = ((0, 0), (0, full - width), (0, 0))
+      out = (jnp.pad(scored[0], pad), scored[1], jnp.int32(width))
+      return out + (jnp.pad(scored[2], pad),) if return_hidden else out
     return score
 
   if len(sizes) == 1:
@@ -233,6 +236,8 @@ def check_models(drafter: Model | Drafter | None, verifier: Model) -> None:
   if drafter is not None and reads_encoder_input != is_encoder_decoder(verifier):
     raise ValueError("drafter and verifier must both be decoder-only or both encoder-decoder models: "
                      "one reads the prompt as its decoder prefix, the other as its encoder input")
+  if isinstance(drafter, Drafter):
+    drafter.check_verifier(verifier)
 
 
 def check_prompts(prompts, prompt_lengths, cache_length: int, models: list[Model]) -> None:

@@ -6,7 +6,12 @@ acceptance test decides what is emitted, so a new way to draft is a new `Drafter
 
   state, last = drafter.start(prompts [B, L], prompt_lengths [B], cache_length)
   draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None)
+  state = drafter.verified(draft.state, Verified(…))      # after verification (default: a rollback)
   state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
+
+`verified` receives the record of the verified block (`Verified`: what the verifier scored, how much of it
+each row committed, the next token, the committed lengths and, for drafters that read the verifier
+(`reads_verifier`: a feature drafter), the verifier's hidden states there); after the prefill too.
 
 After `propose` the state holds `last` and the drafts (it may be rolled back to any length up to the old one
 + max_drafts + 1). A `ModelDrafter(…, bonus_q=False)` (for callers that do not need q after a row's last
@@ -20,7 +25,8 @@ Drafters that can join a horizontal cascade also read tokens without drafting:
   state = drafter.observe(state, tokens [B, W], counts [B])  # consume tokens[b, :counts[b]] (not `last`)
 
 `ModelDrafter` wraps any `models.base.Model` (the default: `generate` wraps a model it is given);
-`MaxGram` is CS Drafting's statistical drafter (no model calls).
+`MaxGram` is CS Drafting's statistical drafter (no model calls); `feature_drafter.FeatureDrafter` (EAGLE)
+drafts from the verifier's own hidden states.
 """
 
 from __future__ import annotations
@@ -55,6 +61,22 @@ class Draft:
   pending: Array | None = None
 
 
+@struct.dataclass
+class Verified:
+  """One verified block (or the prefill), as the loop hands it to the drafter (`Drafter.verified`).
+
+  tokens [B, W]: what the verifier consumed in the call (the pending token and the drafts; the prompt);
+  count [B]: how many of them each row committed (n_accepted + 1; the prompt length − 1; 0 for a finished
+  row); next_token [B]: the row's new pending token; lengths [B]: the committed lengths; hidden [B, W, E]:
+  the verifier's last hidden states after each of `tokens` (None unless the drafter `reads_verifier`).
+  """
+  tokens: Array
+  count: Array
+  next_token: Array
+  lengths: Array
+  hidden: Array | None = None
+
+
 class Drafter:
   """What speculative methods need from whatever proposes drafts (module docstring). A subclass (a
   `flax.struct.dataclass`) implements `vocab_size`, `start`, `propose` and `rollback`; the other members
@@ -70,6 +92,8 @@ class Drafter:
   max_length: int = 1 << 30
   # Whether it reads the prompt as an encoder input (a T5 model): its positions then match a T5 verifier's.
   encoder_decoder: bool = False
+  # Whether the loop must hand it the verifier's hidden states (`Verified.hidden`): a feature drafter.
+  reads_verifier: bool = False
 
   vocab_size: int
 
@@ -85,6 +109,14 @@ class Drafter:
   def rollback(self, state: Any, lengths: Array) -> Any:
     """The state holding only the first lengths[b] committed positions of each row."""
     raise NotImplementedError
+
+  def verified(self, state: Any, block: Verified) -> Any:
+    """The state after a verified block or the prefill (`Verified`): by default, rolled back to the
+    committed lengths."""
+    return self.rollback(state, block.lengths)
+
+  def check_verifier(self, verifier: Model) -> None:
+    """Raises ValueError where this drafter cannot serve `verifier` (beyond the vocabulary, checked apart)."""
 
   def observe(self, state: Any, tokens: Array, counts: Array) -> Any:
     """The state after reading tokens[b, :counts[b]] [B, W] drafted by others (a horizontal cascade)."""

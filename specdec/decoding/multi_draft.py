@@ -57,10 +57,14 @@ class DraftSet:
 class IIDDrafts:
   """K i.i.d. drafts from one model: its cache rows are replicated K times (row b·K + k is copy k of row b,
   as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently. It answers
-  start / propose / rollback like a `Drafter`, but `propose` gives a `DraftSet` (K drafts per row): it is the
-  multi-draft loop's own, not a drafter for the other methods."""
+  start / propose / rollback / verified like a `Drafter`, but `propose` gives a `DraftSet` (K drafts per row):
+  it is the multi-draft loop's own, not a drafter for the other methods."""
   model: Model
   num_drafts: int = struct.field(pytree_node=False)
+  reads_verifier = False      # a class attribute: the model drafts from its own cache
+
+  def verified(self, state: Cache, block) -> Cache:
+    return self.rollback(state, block.lengths)
 
   def _expand(self, x: Array) -> Array:
     return jnp.repeat(x, self.num_drafts, axis=0)

@@ -22,7 +22,8 @@ from flax import struct
 from specdec import sampling as sampling_lib
 from specdec import checks, rng, targets, verify
 from specdec.decoding import common
-from specdec.decoding.drafters import Draft, Drafter, ModelDrafter
+from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, Verified
+from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.decoding.methods import ALPHA, GAMMA, RULE, Method, Param, register
 from specdec.models.base import Cache, Model, prefill, rollback
 
@@ -41,15 +42,22 @@ class PairState:
   def start(cls, key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array,
             cache_length: int) -> "PairState":
     drafter_state, last = drafter.start(prompts, prompt_lengths, cache_length)
-    _, verifier_cache = prefill(verifier, verifier.init_cache(prompts.shape[0], cache_length), prompts,
-                                prompt_lengths)
+    empty = verifier.init_cache(prompts.shape[0], cache_length)
+    if drafter.reads_verifier:   # the drafter reads the prompt from the verifier's prefill
+      _, verifier_cache, hidden = prefill(verifier, empty, prompts, prompt_lengths, return_hidden=True)
+      drafter_state = drafter.verified(drafter_state, Verified(
+          tokens=prompts, count=prompt_lengths - 1, next_token=last, lengths=prompt_lengths - 1, hidden=hidden))
+    else:
+      _, verifier_cache = prefill(verifier, empty, prompts, prompt_lengths)
     return cls(key=key, drafter_state=drafter_state, verifier_cache=verifier_cache, last=last)
 
 
 def commit(state: PairState, key: Array, drafter: Drafter, drafted: Draft, verifier_cache: Cache, n_accepted: Array,
-           next_token: Array, deferred: Array | None, failed: Array, done: Array, scored: Array | int
-           ) -> tuple[PairState, common.Emission]:
-  """Emits d_1 … d_a, next_token; rolls the drafter and the verifier's cache back to the committed length.
+           next_token: Array, deferred: Array | None, failed: Array, done: Array, scored: Array | int,
+           verified_tokens: Array | None = None, hidden: Array | None = None) -> tuple[PairState, common.Emission]:
+  """Emits d_1 … d_a, next_token; rolls the verifier's cache back to the committed length and hands the
+  drafter the verified block (`Drafter.verified`: the tokens the verifier scored, `verified_tokens` [B, W],
+  with its hidden states there, `hidden` [B, W, E], for a drafter that reads them).
   `scored` [B]: the positions the verifier's call scored for each row (`common.covering_width`).
 
   `failed` [B] marks rows NaN reached (verify_block's −1 flag): they stop, flagged, emitting nothing.
@@ -60,8 +68,12 @@ def commit(state: PairState, key: Array, drafter: Drafter, drafted: Draft, verif
   padded = jnp.concatenate([drafted.tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   block = jnp.where(index < n_accepted[:, None], padded, next_token[:, None])
   live = ~done & ~failed
-  committed = state.verifier_cache.lengths + jnp.where(live, n_accepted + 1, 0)
-  new_state = PairState(key=key, drafter_state=drafter.rollback(drafted.state, committed),
+  count = jnp.where(live, n_accepted + 1, 0)
+  committed = state.verifier_cache.lengths + count
+  if verified_tokens is None:
+    verified_tokens = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
+  verified = Verified(tokens=verified_tokens, count=count, next_token=next_token, lengths=committed, hidden=hidden)
+  new_state = PairState(key=key, drafter_state=drafter.verified(drafted.state, verified),
                         verifier_cache=rollback(verifier_cache, committed),
                         last=jnp.where(live, next_token, state.last))
   counters = dict(drafter_calls=drafted.calls, verifier_calls=1, verifier_positions=scored,
@@ -76,9 +88,9 @@ _BONUS_FROM_P = ("spec", "lossy", "lossy_tuned")
 
 
 def _deferring_last_call(drafter: Drafter, needs_bonus_q: bool) -> Drafter:
-  """A model drafter that saves the call on its last draft (`ModelDrafter.bonus_q`) where q is not needed
-  at the bonus position; any other drafter as it is (a cascade or Max-Gram emits q there at no call)."""
-  if isinstance(drafter, ModelDrafter) and not needs_bonus_q:
+  """A model or feature drafter that saves the call on its last draft (`bonus_q`) where q is not needed at
+  the bonus position; any other drafter as it is (a cascade or Max-Gram emits q there at no call)."""
+  if isinstance(drafter, (ModelDrafter, FeatureDrafter)) and not needs_bonus_q:
     return drafter.replace(bonus_q=False)
   return drafter
 
@@ -110,11 +122,15 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
       # Rows draft 0 … γ tokens: score only what the longest row needs (at batch 1, exactly its block).
       widths = tuple(range(1, gamma + 1))
       needed = jnp.where(done, 1, drafted.n_drafted + 1)
-      logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths)
-      width = common.covering_width(needed, widths, gamma + 1)
+      logits, verifier_cache, _, *hidden = common.score_prefix(
+          verifier, state.verifier_cache, verify_in, needed, widths, return_hidden=drafter.reads_verifier)
+      width, hidden = common.covering_width(needed, widths, gamma + 1), (hidden or [None])[0]
+    elif drafter.reads_verifier:
+      logits, verifier_cache, hidden = verifier.score(state.verifier_cache, verify_in, return_hidden=True)
+      width = gamma + 1
     else:
       logits, verifier_cache = verifier.score(state.verifier_cache, verify_in)
-      width = gamma + 1
+      width, hidden = gamma + 1, None
     p_raw, p = sampling.distributions(logits)
     pi = targets.target_distribution(rule, q=drafted.q, p=p, q_raw=drafted.q_raw, p_raw=p_raw, alpha=alpha)
     if rule.startswith("lossy"):   # the bonus token (after the row's last draft) from p
@@ -130,7 +146,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
     # the loop checks the logits, not only verify_block's flag.
     failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafted.q)
     return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done,
-                  width)
+                  width, verify_in, hidden)
 
   start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,
@@ -162,7 +178,8 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
     # The window is as long as the drafter stayed confident: score only what the longest row needs.
     needed, widths = jnp.where(done, 1, drafted.n_drafted + 1), (1, (gamma + 2) // 2)
-    logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths)
+    logits, verifier_cache, _, *hidden = common.score_prefix(
+        verifier, state.verifier_cache, verify_in, needed, widths, return_hidden=drafter.reads_verifier)
     width = common.covering_width(needed, widths, gamma + 1)
     p_raw, p = sampling.distributions(logits)
     index = jnp.arange(gamma)
@@ -175,7 +192,7 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     failed = common.has_nan(jnp.where((jnp.arange(gamma + 1) <= drafted.n_drafted[:, None])[..., None],
                                       logits, 0.0)) | common.has_nan(drafted.q)
     return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done,
-                  width)
+                  width, verify_in, (hidden or [None])[0])
 
   start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,

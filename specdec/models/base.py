@@ -168,20 +168,26 @@ class Model(Protocol):
     ...
 
 
-def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array) -> tuple[Array, Cache]:
+def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array, *, return_hidden: bool = False
+            ) -> tuple[Array, Cache] | tuple[Array, Cache, Array]:
   """Writes each row's prompt[:prompt_lengths[b] − 1] into an empty cache. [B, L], [B] -> (last [B], cache).
 
   The last prompt token is returned as the row's pending token: the decode loops keep the last emitted
   token out of the cache and score it first, so every step's logits come from one `score` call. Prompts
   are scored padded to L (one call for the batch) and rolled back to their own lengths. A model with its
-  own `prefill` (an encoder-decoder) does it its way.
+  own `prefill` (an encoder-decoder) does it its way. With `return_hidden` also the last hidden states
+  after each prompt token [B, L, E] (a feature drafter reads them; decoder-only models).
   """
   if is_encoder_decoder(model):
+    if return_hidden:
+      raise ValueError(f"{type(model).__name__} reads its prompt as an encoder input: it has no hidden states "
+                       "after the prompt's tokens for a feature drafter")
     return model.prefill(cache, prompts, prompt_lengths)
-  _, cache = model.score(cache, prompts)
+  scored = model.score(cache, prompts, return_hidden=True) if return_hidden else model.score(cache, prompts)
   rows = jnp.arange(prompts.shape[0])
-  last = prompts[rows, prompt_lengths - 1]
-  return last.astype(jnp.int32), rollback(cache, prompt_lengths - 1)
+  last = prompts[rows, prompt_lengths - 1].astype(jnp.int32)
+  cache = rollback(scored[1], prompt_lengths - 1)
+  return (last, cache, scored[2]) if return_hidden else (last, cache)
 
 
 def is_encoder_decoder(model: Model) -> bool:

@@ -204,6 +204,27 @@ class TransformerLM(base.DecoderOnly):
     return (logits, cache, hidden) if return_hidden else (logits, cache)
 
 
+  # What a feature drafter (`models.feature_head`) reads through: the verifier's own input embedding and
+  # output layer (lm1b's tied embedding), shared with the drafter, never copied.
+  @property
+  def hidden_size(self) -> int:
+    return self.config.emb_dim
+
+  def output_table(self) -> Array:
+    """The output layer's [V, E] table (the tied embedding)."""
+    return self.params["embed"]["embedding"]
+
+  def token_embeddings(self, tokens: Array) -> Array:
+    """The embedding of tokens [B, n] -> [B, n, E] (without positions)."""
+    return jnp.take(self.output_table(), tokens, axis=0).astype(jnp.float32)
+
+  def output_logits(self, hidden: Array) -> Array:
+    """Next-token logits [B, n, V] of last hidden states [B, n, E], as `score` computes them from its own."""
+    table = self.output_table()
+    return partitioning.gather_vocab(hidden.astype(jnp.float32) @ table.astype(jnp.float32).T
+                                     / np.sqrt(self.config.emb_dim))
+
+
 def init(config: TransformerConfig, key: Array) -> TransformerLM:
   """A randomly initialised model (lm1b's initialisers)."""
   one = jnp.zeros((1, 1), jnp.int32)

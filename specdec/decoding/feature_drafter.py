@@ -1,0 +1,150 @@
+"""The feature drafter (EAGLE, Li et al., ICML 2024): drafts from the verifier's own hidden states through a
+one-layer head (`models.feature_head`), read out by the verifier's own output layer (layer 3).
+
+State: the head's KV cache over the committed positions (each written from the verifier's real features)
+and the pending pair's feature f_T, the verifier's last hidden state at the last committed position, the one
+that predicts the pending token x_T+1 = `last`. A block of γ drafts:
+
+  f̂ = head(f_T, e(last)),  q_1 = S(softmax(out(f̂))),  d_1 ~ q_1;  f̂' = head(f̂, e(d_1)),  q_2, d_2 …
+
+(γ head calls, γ + 1 where the target reads q at the bonus position). After verification (`verified`) the
+head's cache is cut back to the committed positions and re-reads the accepted drafts with the verifier's
+real features, (f(last), d_1) … (f(d_{a−1}), d_a), in one call; f(d_a), the verifier's feature under the
+new pending token, becomes the pending feature. After the prefill the same call reads the prompt.
+
+Every lossless rule keeps the verifier's law with it (only the verifier's acceptance test decides what is
+emitted), and it meets every target rule of `speculative` and BiLD like any other drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec import rng
+from specdec import sampling as sampling_lib
+from specdec.decoding.drafters import Draft, Drafter, Verified
+from specdec.models.base import Cache, Model, rollback
+from specdec.models.feature_head import FeatureHead, verifier_fingerprint
+
+Array = jax.Array
+
+# What a verifier must offer a feature drafter (the transformer has them; `check_verifier` names a missing one).
+VERIFIER_METHODS = ("token_embeddings", "output_logits", "output_table")
+
+
+@struct.dataclass
+class FeatureState:
+  """The head's cache [B, …] over committed positions and the pending pair's verifier feature [B, E]."""
+  cache: Cache
+  feature: Array
+
+
+@struct.dataclass
+class FeatureDrafter(Drafter):
+  """EAGLE's drafter (module docstring): `head` reads `verifier`'s hidden states, embeddings and output
+  layer (shared: the verifier's own parameters). `bonus_q` False: γ calls per block, no q at the bonus
+  position (for the targets that do not read it; `speculative` sets it)."""
+  head: FeatureHead
+  verifier: Model
+  bonus_q: bool = struct.field(pytree_node=False, default=True)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.verifier.vocab_size
+
+  @property
+  def max_length(self) -> int:
+    return min(self.head.max_length, self.verifier.max_length)
+
+  @property
+  def reads_verifier(self) -> bool:
+    return True
+
+  def check_verifier(self, verifier: Model) -> None:
+    check_pair(self.head, verifier)
+    if verifier is not self.verifier and verifier_fingerprint(verifier) != verifier_fingerprint(self.verifier):
+      raise ValueError("the feature drafter reads another verifier's output layer than the one decoding: build "
+                       "it with feature_drafter.FeatureDrafter(head, verifier) for the verifier you decode with")
+
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[FeatureState, Array]:
+    """An empty head cache; the prompt is read by `verified` from the verifier's prefill."""
+    batch = prompts.shape[0]
+    last = prompts[jnp.arange(batch), prompt_lengths - 1].astype(jnp.int32)
+    feature = jnp.zeros((batch, self.head.config.emb_dim), jnp.float32)
+    return FeatureState(cache=self.head.init_cache(batch, cache_length), feature=feature), last
+
+  def rollback(self, state: FeatureState, lengths: Array) -> FeatureState:
+    """Keeps the head's entries of the first lengths[b] − 1 positions (position 0 has no pair)."""
+    return state.replace(cache=rollback(state.cache, jnp.maximum(jnp.asarray(lengths, jnp.int32) - 1, 0)))
+
+  def verified(self, state: FeatureState, block: Verified) -> FeatureState:
+    """Re-reads the committed part of the block with the verifier's features (module docstring): from the
+    committed length before the block, pairs (hidden[i], tokens[i + 1]) in one head call, kept for
+    i < count − 1; the pending feature becomes hidden[count − 1] (kept where a row committed nothing).
+    The head holds one entry per committed position but the first: lengths − 1."""
+    if block.hidden is None:
+      raise ValueError("a FeatureDrafter needs the verifier's hidden states: the loop must ask for them "
+                       "(Drafter.reads_verifier)")
+    # Before the block the head held lengths − count entries (its first call in `propose`, on the
+    # pending pair with the verifier's own feature, included): the drafted entries after it are dropped.
+    cache = rollback(state.cache, jnp.maximum(block.lengths - block.count, 0))
+    width = block.tokens.shape[1]
+    if width > 1:
+      _, cache = self.head.score(cache, block.hidden[:, :-1].astype(jnp.float32),
+                                 self.verifier.token_embeddings(block.tokens[:, 1:]))
+    cache = rollback(cache, jnp.maximum(block.lengths - 1, 0))
+    index = jnp.clip(block.count - 1, 0, width - 1)
+    feature = jnp.take_along_axis(block.hidden, index[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    return FeatureState(cache=cache, feature=jnp.where((block.count > 0)[:, None], feature, state.feature))
+
+  def propose(self, key: Array, state: FeatureState, last: Array, *, max_drafts: int,
+              sampling: sampling_lib.Sampling, keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
+    """γ = max_drafts drafts, each from the head's predicted feature (γ + 1 calls with `bonus_q`). A row
+    that stops (keep_drafting False: BiLD's fallback) drafts no more; calls run for the whole batch."""
+    batch, vocab = last.shape[0], self.vocab_size
+    calls = max_drafts + 1 if self.bonus_q else max_drafts
+    keys = rng.split(key, max_drafts + 1)
+
+    def body(step, carry):
+      cache, feature, token, tokens, q, q_raw, drafting, n_drafted = carry
+      predicted, cache = self.head.score(cache, feature[:, None], self.verifier.token_embeddings(token[:, None]))
+      logits = self.verifier.output_logits(predicted)[:, 0]
+      q_raw_j, q_j = sampling.distributions(logits)
+      keep = drafting[:, None]
+      q = q.at[:, step].set(jnp.where(keep, q_j, q[:, step]))
+      q_raw = q_raw.at[:, step].set(jnp.where(keep, q_raw_j, q_raw[:, step]))
+      go_on = drafting & (step < max_drafts)
+      if keep_drafting is not None:
+        go_on &= keep_drafting(q_raw_j)
+      x = sampling_lib.sample(keys[step], q_j)
+      slot = jnp.minimum(step, max_drafts - 1)
+      tokens = tokens.at[:, slot].set(jnp.where(go_on, x, tokens[:, slot]))
+      return (cache, predicted[:, 0], jnp.where(go_on, x, token), tokens, q, q_raw, go_on, n_drafted + go_on)
+
+    zeros = jnp.zeros((batch, max_drafts + 1, vocab), jnp.float32)
+    carry = (state.cache, state.feature, last, jnp.zeros((batch, max_drafts), jnp.int32), zeros, zeros,
+             jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32))
+    cache, _, _, tokens, q, q_raw, _, n_drafted = jax.lax.fori_loop(0, calls, body, carry)
+    # Charged with the head call of `verified` that follows: it re-reads the accepted drafts.
+    return Draft(tokens=tokens, q=q, q_raw=q_raw, n_drafted=n_drafted,
+                 calls=jnp.full((batch,), calls + 1, jnp.int32), state=state.replace(cache=cache))
+
+
+def check_pair(head: FeatureHead, verifier: Model) -> None:
+  """Raises ValueError naming both when `head` was not trained for `verifier` (its hidden size, vocabulary
+  or output layer's fingerprint), or when `verifier` lacks what a feature drafter reads."""
+  missing = [name for name in VERIFIER_METHODS if not hasattr(verifier, name)]
+  if missing:
+    raise ValueError(f"a feature drafter reads the verifier's hidden states through {', '.join(missing)}, "
+                     f"which {type(verifier).__name__} does not have")
+  config = head.config
+  if (config.emb_dim, config.vocab_size) != (verifier.hidden_size, verifier.vocab_size):
+    raise ValueError(f"the feature head reads hidden size {config.emb_dim} and vocabulary {config.vocab_size}; "
+                     f"the verifier has {verifier.hidden_size} and {verifier.vocab_size}")
+  if config.fingerprint and config.fingerprint != verifier_fingerprint(verifier):
+    raise ValueError(f"the feature head was trained for the verifier with output layer {config.fingerprint}; "
+                     f"this verifier's is {verifier_fingerprint(verifier)}")

@@ -1,0 +1,120 @@
+"""The feature head of a feature drafter (EAGLE, Li et al., ICML 2024): one transformer layer that reads
+the verifier's own hidden states (layer 2).
+
+At position t it takes the verifier's feature f_{t−1} (its last hidden state after token t − 1, what its
+output layer reads to predict token t) and the verifier's embedding of token t, and predicts f_t:
+
+  f̂_t = LN(Block(W [f_{t−1}; e(x_t)] + pos(t)))          (EAGLE §3.1: fc over the concatenation, one layer)
+
+The drafter reads f̂_t through the verifier's own output layer (`output_logits`), so the head has no
+embedding or output matrix of its own: both are the verifier's, shared, never copied. Drafting feeds f̂
+back in (f̂_t, e(x̂_{t+1})) → f̂_{t+1}; after verification the committed positions are re-read with the
+verifier's real features (`decoding.feature_drafter`).
+
+A `FeatureHead` is a pytree (params are leaves) with a static config, like the models: `score` appends
+positions to its own one-layer KV cache (`base.Cache`), `predict` is the teacher-forced form (training).
+It records the fingerprint of the verifier it was trained for (`verifier_fingerprint`): a head read
+through another verifier's output layer would draft from the wrong space, and is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specdec.models import base, transformer
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureHeadConfig:
+  """emb_dim: the verifier's hidden size (features and embeddings); vocab_size: the verifier's vocabulary;
+  fingerprint: `verifier_fingerprint` of the verifier it reads (checked by the drafter)."""
+  emb_dim: int
+  vocab_size: int
+  num_heads: int = 4
+  mlp_dim: int = 1024
+  max_len: int = 2048
+  fingerprint: str = ""
+  dtype: Any = jnp.float32
+
+  def block_config(self) -> transformer.TransformerConfig:
+    return transformer.TransformerConfig(vocab_size=self.vocab_size, emb_dim=self.emb_dim,
+                                         num_heads=self.num_heads, num_layers=1, qkv_dim=self.emb_dim,
+                                         mlp_dim=self.mlp_dim, max_len=self.max_len, dtype=self.dtype)
+
+
+class FeatureHeadNet(nn.Module):
+  """(features [B, n, E], token embeddings [B, n, E], positions [B, n]) -> predicted features [B, n, E]."""
+  config: FeatureHeadConfig
+
+  @nn.compact
+  def __call__(self, features: Array, embeddings: Array, positions: Array, mask: Array,
+               cached: tuple[Array, Array, Array] | None = None):
+    cfg = self.config
+    x = jnp.concatenate([features, embeddings], axis=-1).astype(cfg.dtype)
+    x = nn.Dense(cfg.emb_dim, use_bias=True, dtype=cfg.dtype, name="fc")(x)
+    x = x + transformer.sinusoidal_embedding(positions, cfg.emb_dim).astype(cfg.dtype)
+    x, keys, values = transformer.DecoderBlock(cfg.block_config(), name="block")(x, mask, cached)
+    return nn.LayerNorm(dtype=cfg.dtype, name="final_norm")(x).astype(jnp.float32), keys, values
+
+
+@struct.dataclass
+class FeatureHead:
+  """A `FeatureHeadNet` bound to its parameters (module docstring)."""
+  params: Any
+  config: FeatureHeadConfig = struct.field(pytree_node=False)
+
+  @property
+  def max_length(self) -> int:
+    return self.config.max_len
+
+  def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
+    cfg = self.config.block_config()
+    return base.empty_cache(batch_size, cache_length, max_length=cfg.max_len, num_layers=1,
+                            heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype)
+
+  def predict(self, features: Array, embeddings: Array) -> Array:
+    """Teacher-forced f̂ [B, L, E] from features [B, L, E] (f_{t−1} at t) and embeddings [B, L, E] (of x_t)."""
+    b, length = features.shape[:2]
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+    return FeatureHeadNet(self.config).apply({"params": self.params}, features, embeddings, positions,
+                                             base.causal(b, length))[0]
+
+  def score(self, cache: base.Cache, features: Array, embeddings: Array) -> tuple[Array, base.Cache]:
+    """Appends positions [B, n] (features, embeddings [B, n, E]) at each row's length; returns f̂ [B, n, E]."""
+    tokens = jnp.zeros(features.shape[:2], jnp.int32)        # only the shape: slots and masks
+    slots, positions, mask = base.new_entries(cache, tokens, None, None)
+    predicted, keys, values = FeatureHeadNet(self.config).apply(
+        {"params": self.params}, features, embeddings, positions, mask,
+        (cache.kv["keys"][0], cache.kv["values"][0], slots))
+    return predicted, base.Cache(kv={"keys": [keys], "values": [values]}, lengths=cache.lengths + features.shape[1])
+
+
+def verifier_fingerprint(verifier) -> str:
+  """A short digest of the verifier's output layer (its embedding, which the head reads through) and shape."""
+  table = np.asarray(jax.device_get(verifier.output_table()), np.float32)
+  digest = hashlib.sha256(np.ascontiguousarray(table).tobytes()).hexdigest()[:16]
+  return f"{table.shape[0]}x{table.shape[1]}:{digest}"
+
+
+def init(verifier, key: Array, *, num_heads: int = 4, mlp_dim: int | None = None) -> FeatureHead:
+  """A randomly initialised head for `verifier` (its hidden size, vocabulary and fingerprint)."""
+  emb_dim = verifier.hidden_size
+  return init_from_config(FeatureHeadConfig(emb_dim=emb_dim, vocab_size=verifier.vocab_size, num_heads=num_heads,
+                                            mlp_dim=mlp_dim or 4 * emb_dim, max_len=verifier.max_length,
+                                            fingerprint=verifier_fingerprint(verifier)), key)
+
+
+def init_from_config(config: FeatureHeadConfig, key: Array) -> FeatureHead:
+  one = jnp.zeros((1, 1, config.emb_dim), jnp.float32)
+  params = FeatureHeadNet(config).init(key, one, one, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1, 1), bool))
+  return FeatureHead(params=params["params"], config=config)

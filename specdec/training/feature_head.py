@@ -1,0 +1,152 @@
+"""Training a feature drafter's head on a frozen verifier (EAGLE §3.2; layer 4).
+
+Features and targets come from the verifier itself, teacher-forced on text: f_t, its last hidden states
+(what its output layer reads). At position t the head reads (f_{t−1}, e(x_t)) and predicts f̂_t; the loss is
+
+  L = SmoothL1(f̂_t, f_t) + w_cls · CE(softmax(out(f_t)), softmax(out(f̂_t)))
+
+with EAGLE's weights (regression 1, classification w_cls = 0.1), the classification target being the
+verifier's own next-token distribution. EAGLE's feature noise (U(−0.1, 0.1) added to the input features,
+`noise`) makes the head robust to its own errors when it reads its predictions while drafting. The
+verifier's parameters never change.
+
+  head, record = train(verifier, batches, steps=…, learning_rate=…)
+  save_head(directory, head, record); load_head(directory)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from specdec.models.feature_head import FeatureHead, FeatureHeadConfig, init, init_from_config
+from specdec.training.train import TrainState, apply_gradients, make_optimizer
+
+Array = jax.Array
+HEAD_DIRECTORY = "feature_head"
+_HEAD_JSON = "head.json"
+# EAGLE §3.2: L = L_reg + w_cls · L_cls, w_cls = 0.1; input-feature noise U(−0.1, 0.1).
+REGRESSION_WEIGHT, CLASSIFICATION_WEIGHT, NOISE = 1.0, 0.1, 0.1
+
+
+def _smooth_l1(x: Array) -> Array:
+  x = jnp.abs(x)
+  return jnp.where(x < 1.0, 0.5 * x * x, x - 0.5)
+
+
+def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights: Array, key: Array | None,
+           noise: float) -> dict[str, Array]:
+  """Weighted sums over positions 1 … L−1 of rows inputs [B, L] (weights [B, L]: 1 on real tokens): the
+  regression and classification losses, the head's top-1 agreement with the verifier, and the count."""
+  _, features = verifier.logits(inputs, return_hidden=True)
+  features = jax.lax.stop_gradient(features.astype(jnp.float32))
+  previous = features[:, :-1]
+  if key is not None and noise:
+    previous = previous + jax.random.uniform(key, previous.shape, minval=-noise, maxval=noise)
+  predicted = head.replace(params=params).predict(previous, verifier.token_embeddings(inputs[:, 1:]))
+  target = features[:, 1:]
+  mask = weights[:, 1:] * weights[:, :-1]
+  regression = jnp.mean(_smooth_l1(predicted - target), axis=-1)
+  target_logits = jax.lax.stop_gradient(verifier.output_logits(target))
+  predicted_logits = verifier.output_logits(predicted)
+  classification = -jnp.sum(jax.nn.softmax(target_logits) * jax.nn.log_softmax(predicted_logits), axis=-1)
+  agree = jnp.argmax(predicted_logits, -1) == jnp.argmax(target_logits, -1)
+  return {"regression": jnp.sum(regression * mask), "classification": jnp.sum(classification * mask),
+          "top1_agreement": jnp.sum(agree * mask), "tokens": jnp.sum(mask)}
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnames=("noise",))
+def train_step(state: TrainState, head: FeatureHead, verifier: Any, batch: dict[str, Array], key: Array,
+               noise: float = NOISE) -> tuple[TrainState, dict[str, Array]]:
+  """One AdamW step on L = L_reg + 0.1·L_cls (per-token means)."""
+  def loss(params):
+    sums = losses(params, head, verifier, batch["inputs"], batch["weights"], key, noise)
+    total = (REGRESSION_WEIGHT * sums["regression"] + CLASSIFICATION_WEIGHT * sums["classification"])
+    return total / jnp.maximum(sums["tokens"], 1.0), sums
+
+  grads, sums = jax.grad(loss, has_aux=True)(state.params)
+  return apply_gradients(state, grads, sums)
+
+
+@jax.jit
+def eval_sums(params: Any, head: FeatureHead, verifier: Any, batch: dict[str, Array]) -> dict[str, Array]:
+  return losses(params, head, verifier, batch["inputs"], batch["weights"], None, 0.0)
+
+
+def evaluate(head: FeatureHead, verifier: Any, batches) -> dict[str, float]:
+  """Per-token regression and classification losses and top-1 agreement over `batches`."""
+  totals: dict[str, float] = {}
+  for batch in batches:
+    for name, value in eval_sums(head.params, head, verifier, batch).items():
+      totals[name] = totals.get(name, 0.0) + float(value)
+  tokens = max(totals.pop("tokens", 0.0), 1.0)
+  return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
+
+
+def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int, learning_rate: float = 1e-3,
+          warmup_steps: int = 100, seed: int = 0, num_heads: int = 4, noise: float = NOISE,
+          log_every: int = 100, log=print) -> tuple[FeatureHead, dict[str, Any]]:
+  """A head for `verifier` trained `steps` AdamW steps on `batches` ({'inputs', 'weights'} rows); returns
+  it and its training record (settings, the last logged metrics, seconds)."""
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1; got {steps}")
+  key = jax.random.PRNGKey(seed)
+  head = init(verifier, key, num_heads=num_heads)
+  tx = make_optimizer(steps, learning_rate=learning_rate, warmup_steps=min(warmup_steps, steps), decay="cosine",
+                      weight_decay=0.0)
+  state = TrainState.create(head.params, tx)
+  start, metrics = time.monotonic(), {}
+  for step in range(steps):
+    batch = next(batches)
+    state, metrics = train_step(state, head, verifier, {k: jnp.asarray(v) for k, v in batch.items()},
+                                jax.random.fold_in(key, step), noise=noise)
+    if (step + 1) % log_every == 0 or step + 1 == steps:
+      metrics = {name: float(value) for name, value in metrics.items()}
+      log(f"step {step + 1}/{steps}: regression {metrics['regression']:.4f} classification "
+          f"{metrics['classification']:.4f} top-1 agreement {metrics['top1_agreement']:.3f} "
+          f"({time.monotonic() - start:.0f} s)")
+  record = {"steps": steps, "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed,
+            "noise": noise, "regression_weight": REGRESSION_WEIGHT,
+            "classification_weight": CLASSIFICATION_WEIGHT, "last_metrics": metrics,
+            "seconds": time.monotonic() - start}
+  return head.replace(params=state.params), record
+
+
+def save_head(directory: str, head: FeatureHead, record: dict[str, Any] | None = None) -> str:
+  """Writes directory/feature_head/ (a new directory): the parameters (orbax), then head.json (config and
+  training record), which marks a complete head. Returns the path."""
+  path = os.path.join(os.path.abspath(directory), HEAD_DIRECTORY)
+  if os.path.exists(path):
+    raise FileExistsError(f"{path} exists; save_head writes a new directory")
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.join(path, "params"), jax.device_get(head.params))
+    checkpointer.wait_until_finished()
+  config = dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name}
+  with open(os.path.join(path, _HEAD_JSON), "w") as f:
+    json.dump({"config": config, "training": record or {}}, f, indent=1)
+  return path
+
+
+def load_head(directory: str) -> FeatureHead:
+  """The head `save_head` wrote under directory/feature_head/ (FileNotFoundError naming the path if none)."""
+  path = os.path.join(os.path.abspath(directory), HEAD_DIRECTORY)
+  if not os.path.isfile(os.path.join(path, _HEAD_JSON)):
+    raise FileNotFoundError(f"no feature head in {directory} (expected {path}/{_HEAD_JSON}; train one with "
+                            "scripts/train_feature_head.py)")
+  with open(os.path.join(path, _HEAD_JSON)) as f:
+    config = json.load(f)["config"]
+  config = FeatureHeadConfig(**(config | {"dtype": jnp.dtype(config["dtype"])}))
+  abstract = jax.eval_shape(lambda key: init_from_config(config, key), jax.random.PRNGKey(0))
+  with ocp.StandardCheckpointer() as checkpointer:
+    params = checkpointer.restore(os.path.join(path, "params"), abstract.params)
+  return FeatureHead(params=jax.tree.map(jnp.asarray, params), config=config)

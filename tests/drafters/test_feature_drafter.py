@@ -1,0 +1,154 @@
+"""The feature drafter (EAGLE): a one-layer head on the verifier's own hidden states.
+
+Lossless by construction (only the verifier's test decides what is emitted): greedy output equals the
+verifier's greedy decoding, and at T > 0 the output law is the verifier's for the lossless rule and
+T(q, p)'s verification law for a cascade rule. The drafter's bookkeeping is checked against the head run
+teacher-forced on the verifier's real features: after any sequence of blocks, the q of a block's first
+draft is the teacher-forced one.
+"""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding, models, sampling, targets, verify
+from specdec.decoding.drafters import Verified
+from specdec.decoding.feature_drafter import FeatureDrafter, check_pair
+from specdec.models import feature_head
+from tests.stats import assert_law
+
+V = 4
+
+
+def _verifier(vocab=V, seed=1, scale=4.0):
+  model = models.build("tiny", vocab_size=vocab, seed=seed, max_length=32)
+  return models.with_params(model, jax.tree.map(lambda w: scale * w, model.params))
+
+
+def _drafter(verifier, seed=0, scale=3.0):
+  head = feature_head.init(verifier, jax.random.PRNGKey(seed))
+  return FeatureDrafter(head.replace(params=jax.tree.map(lambda w: scale * w, head.params)), verifier)
+
+
+def _teacher_forced_q(drafter, tokens):
+  """q of the token after tokens [1, n] as the head predicts it from the verifier's real features."""
+  verifier = drafter.verifier
+  _, hidden = verifier.logits(tokens, return_hidden=True)
+  predicted = drafter.head.predict(hidden, verifier.token_embeddings(jnp.roll(tokens, -1, axis=1)))
+  # position t pairs (f_t, x_{t+1}); the last real pair is (f_{n-2}, x_{n-1}) -> predicts x_n
+  return jax.nn.softmax(verifier.output_logits(predicted[:, -2:-1])[:, 0])
+
+
+def test_the_first_draft_of_every_block_reads_the_verifiers_real_features():
+  verifier = _verifier(vocab=16)
+  drafter = _drafter(verifier)
+  prompt = jnp.asarray([[3, 7, 1, 12, 5]], jnp.int32)
+  sampling_ = sampling.Sampling(1.0, 1.0).checked()
+  propose = jax.jit(lambda key, state, last: drafter.propose(key, state, last, max_drafts=3, sampling=sampling_))
+  verified = jax.jit(drafter.verified)
+  state, last = drafter.start(prompt, jnp.asarray([5]), 24)
+  _, cache, hidden = models.base.prefill(verifier, verifier.init_cache(1, 24), prompt, jnp.asarray([5]),
+                                         return_hidden=True)
+  state = verified(state, Verified(tokens=prompt, count=jnp.asarray([4]), next_token=last,
+                                   lengths=jnp.asarray([4]), hidden=hidden))
+  sequence = prompt
+  for n_accepted in (2, 0, 3, 1):
+    draft = propose(jax.random.PRNGKey(n_accepted), state, last)
+    np.testing.assert_allclose(draft.q_raw[:, 0], _teacher_forced_q(drafter, sequence), atol=1e-5)
+    block = jnp.concatenate([last[:, None], draft.tokens], axis=1)
+    _, cache, hidden = verifier.score(cache, block, return_hidden=True)
+    next_token = jnp.asarray([(n_accepted * 5 + 2) % 16], jnp.int32)
+    committed = cache.lengths - 4 + n_accepted + 1
+    cache = models.base.rollback(cache, committed)
+    state = verified(draft.state, Verified(tokens=block, count=jnp.asarray([n_accepted + 1]),
+                                           next_token=next_token, lengths=committed, hidden=hidden))
+    sequence = jnp.concatenate([sequence, draft.tokens[:, :n_accepted], next_token[:, None]], axis=1)
+    last = next_token
+
+
+@pytest.mark.parametrize("batch, gamma, rule", [(1, 3, "spec"), (8, 1, "token_v3"), (8, 7, "spec")])
+def test_greedy_output_is_the_verifiers_greedy_output(batch, gamma, rule):
+  verifier = _verifier(vocab=64, scale=1.0)
+  drafter = _drafter(verifier, scale=1.0)
+  rng = np.random.default_rng(batch * 10 + gamma)
+  prompts = jnp.asarray(rng.integers(0, 64, (batch, 6)), jnp.int32)
+  lengths = jnp.asarray(rng.integers(1, 7, batch), jnp.int32)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive",
+                           max_new_tokens=16, temperature=0.0, eos_id=None)
+  got = decoding.generate(jax.random.PRNGKey(1), drafter, verifier, prompts, lengths, method="speculative",
+                          rule=rule, alpha=0.0, gamma=gamma, max_new_tokens=16, temperature=0.0, eos_id=None)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+
+
+def _self_distilled(verifier):
+  """A drafter whose head agrees with the verifier often: the head's block copies the verifier's, so that
+  acceptance is far from 0 and both accept and reject paths run."""
+  return _drafter(verifier, seed=3, scale=1.0)
+
+
+PROMPT = jnp.asarray([[1, 2, 3]], jnp.int32)
+N_NEW, SAMPLES = 3, 100_000
+
+
+def _codes(drafter, verifier, rule, alpha, gamma):
+  prompts = jnp.broadcast_to(PROMPT, (SAMPLES, PROMPT.shape[1]))
+  out = decoding.generate(jax.random.PRNGKey(gamma), drafter, verifier, prompts, jnp.full((SAMPLES,), 3),
+                          method="speculative", rule=rule, alpha=alpha, gamma=gamma, temperature=1.0,
+                          max_new_tokens=N_NEW, eos_id=None)
+  tokens = np.asarray(out.tokens)
+  return (tokens * V ** np.arange(N_NEW - 1, -1, -1)).sum(1), out
+
+
+@pytest.mark.parametrize("gamma", [2])
+def test_lossless_rule_keeps_the_verifiers_sequence_law(gamma):
+  verifier = _verifier()
+  drafter = _self_distilled(verifier)
+  codes, out = _codes(drafter, verifier, "spec", 0.0, gamma)
+  seqs = np.array(list(itertools.product(range(V), repeat=N_NEW)))
+  full = jnp.asarray(np.concatenate([np.broadcast_to(PROMPT[0], (len(seqs), 3)), seqs], 1))
+  p = jax.nn.softmax(verifier.logits(full)[:, 2:2 + N_NEW])
+  law = np.take_along_axis(np.asarray(p), seqs[:, :, None], -1)[..., 0].prod(1)
+  assert_law(codes, law / law.sum(), what="feature drafter, spec")
+  stats = out.stats
+  assert 0 < np.asarray(stats.accepted).sum() < np.asarray(stats.drafted).sum()
+
+
+def test_cascade_rule_first_token_follows_the_verification_law_of_t_q_p():
+  """γ = 1 with a deferral rule: the first emitted token's law is verification_law(q, π), π = T(q, p),
+  with q the head's prediction from the prompt's real features."""
+  verifier = _verifier()
+  drafter = _self_distilled(verifier)
+  codes, _ = _codes(drafter, verifier, "chow", 0.4, 1)
+  q_raw = _teacher_forced_q(drafter, PROMPT)
+  p_raw = jax.nn.softmax(verifier.logits(PROMPT)[:, -1])
+  pi = targets.target_distribution("chow", q=q_raw, p=p_raw, q_raw=q_raw, p_raw=p_raw, alpha=0.4)
+  law = np.asarray(verify.verification_law(q_raw[:, None], pi[:, None]))[0, 0]
+  assert_law(codes // V ** (N_NEW - 1), law, what="feature drafter, chow, first token")
+
+
+def test_a_head_for_another_verifier_is_refused_naming_both():
+  verifier, other = _verifier(seed=1), _verifier(seed=2)
+  head = feature_head.init(verifier, jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="trained for the verifier with output layer .*; this verifier's is"):
+    check_pair(head, other)
+  wider = models.build("2m", vocab_size=V, seed=1, max_length=32)
+  with pytest.raises(ValueError, match="hidden size 32 .* the verifier has"):
+    check_pair(head, wider)
+  with pytest.raises(ValueError, match="trained for the verifier with output layer"):
+    decoding.generate(jax.random.PRNGKey(0), FeatureDrafter(head, verifier), other, PROMPT, None,
+                      method="speculative", max_new_tokens=2, eos_id=None)
+  unmarked = head.replace(config=dataclasses.replace(head.config, fingerprint=""))
+  with pytest.raises(ValueError, match="another verifier's output layer"):
+    decoding.generate(jax.random.PRNGKey(0), FeatureDrafter(unmarked, verifier), other, PROMPT, None,
+                      method="speculative", max_new_tokens=2, eos_id=None)
+
+
+def test_a_verifier_without_hidden_state_access_is_named():
+  t5 = models.build("t5_tiny", vocab_size=V, seed=0)
+  head = feature_head.init(_verifier(), jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="through token_embeddings, output_logits, output_table, which T5"):
+    check_pair(head, t5)
