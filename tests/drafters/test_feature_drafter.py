@@ -58,7 +58,9 @@ def test_the_first_draft_of_every_block_reads_the_verifiers_real_features():
   sequence = prompt
   for n_accepted in (2, 0, 3, 1):
     draft = propose(jax.random.PRNGKey(n_accepted), state, last)
-    np.testing.assert_allclose(draft.q_raw[:, 0], _teacher_forced_q(drafter, sequence), atol=1e-5)
+    # The cached and the teacher-forced path round apart (1e-5 at these peaked logits); a stale or
+    # predicted feature moves q by far more.
+    np.testing.assert_allclose(draft.q_raw[:, 0], _teacher_forced_q(drafter, sequence), atol=1e-4)
     block = jnp.concatenate([last[:, None], draft.tokens], axis=1)
     _, cache, hidden = verifier.score(cache, block, return_hidden=True)
     next_token = jnp.asarray([(n_accepted * 5 + 2) % 16], jnp.int32)
