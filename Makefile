@@ -36,7 +36,15 @@ test-device:
 device-check:
 	$(DEVICE_PYTHON) scripts/device_check.py
 
-quickstart: $(STAMP)
+# The quickstart installs only what it runs (no test extra: TensorFlow, torch, transformers, seqio); a .venv
+# that `make test` installed has all of it already.
+QUICKSTART_STAMP := $(VENV)/.quickstart-stamp
+$(QUICKSTART_STAMP): setup.py constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	touch $(QUICKSTART_STAMP)
+
+quickstart: $(if $(wildcard $(STAMP)),$(STAMP),$(QUICKSTART_STAMP))
 	JAX_PLATFORMS=cpu $(BIN)/python scripts/quickstart.py
 
 # Whatever backend JAX finds (CPU, GPU, TPU): experiments/backend_<backend>/results.{json,md}.

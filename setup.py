@@ -21,10 +21,13 @@ setup(
     version="0.1.0",
     description="Speculative decoding, speculative cascades, SpecTr, CS Drafting and SpecDec++ in JAX",
     packages=find_packages(include=["specdec", "specdec.*"]),
+    package_data={"specdec.cli": ["registry.json"]},   # the commands' options, read before JAX is imported
     python_requires=">=3.10",
     data_files=_shipped_files("data", "configs"),
     entry_points={"console_scripts": [
         f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train")]},
+    # What the package imports, and all that `make quickstart` installs; the extras below are for the tests
+    # and the seqio tasks only.
     install_requires=[
         "etils[epath]>=1.5",  # local and gs:// paths for checkpoints and exports
         "flax>=0.10",

@@ -1,10 +1,11 @@
 """Wall-clock of speculative decoding against autoregressive decoding, and the theory's prediction.
 
 Trained pair (`--task`): drafter and verifier exports (`--drafter`, `--verifier` directories; several
-drafters may be given and are compared in the same run; `maxgram` is CS Drafting's Max-Gram drafter),
-prompts from the task's validation split (each at its own length, rounded up to 32), batch size 1, each
-example decoded by the verifier alone and then by each drafter's speculative decoding, so every ratio
-comes from timings interleaved example by example. Greedy and/or sampled (`--temperatures`).
+drafters may be given and are compared in the same run; `maxgram` is CS Drafting's Max-Gram drafter,
+`feature:DIR` the feature drafter (EAGLE) of the head in DIR over the verifier), prompts from the task's
+validation split (`--batch` rows at a time, padded to the longest rounded up to 32; batch 1: each at its own
+length), each batch decoded by the verifier alone and then by each drafter's speculative decoding, so every
+ratio comes from timings interleaved batch by batch. Greedy and/or sampled (`--temperatures`).
 Reports per γ: accepted / drafted, the per-token acceptance α that gives the measured tokens per verifier
 call if acceptances were i.i.d. ((1 − α^(γ+1)) / (1 − α); EOS and max_new_tokens cut the last block, so
 it is a slight underestimate), tokens per verifier call, ms per generated token, the
@@ -47,8 +48,9 @@ import numpy as np
 
 from specdec import decoding, models, theory
 from specdec.data import load_vocabulary, tasks
+from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.evaluation.timing import median_seconds
-from specdec.training import acceptance, export_name, load_model
+from specdec.training import acceptance, export_name, exports, load_model
 
 
 def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
@@ -57,6 +59,18 @@ def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
   score = jax.jit(lambda m, c, t: m.score(c, t)[0])
   tokens = jnp.ones((1, n), jnp.int32)
   return median_seconds(lambda: score(model, cache, tokens), repeats=repeats)
+
+
+def _head_step_seconds(drafter, prefix: int, repeats: int) -> float:
+  """One draft step of a feature drafter at batch 1: the head reads one (feature, embedding) pair after
+  `prefix` cached ones, and the verifier's output layer reads its prediction."""
+  head, verifier = drafter.head, drafter.verifier
+  cache = head.init_cache(1, prefix + 2)
+  features = jnp.ones((1, prefix, head.config.emb_dim), jnp.float32)
+  _, cache = head.score(cache, features, verifier.token_embeddings(jnp.ones((1, prefix), jnp.int32)))
+  step = jax.jit(lambda d, c, f, t: d.verifier.output_logits(
+      d.head.score(c, f, d.verifier.token_embeddings(t))[0]))
+  return median_seconds(lambda: step(drafter, cache, features[:, :1], jnp.ones((1, 1), jnp.int32)), repeats=repeats)
 
 
 def _machine() -> str:
@@ -85,8 +99,9 @@ class Entry(NamedTuple):
   adaptive: bool = False
 
 
-def _drafters(args: argparse.Namespace, vocab_size: int) -> dict[str, Entry]:
+def _drafters(args: argparse.Namespace, verifier) -> dict[str, Entry]:
   """--drafter entries by name (`--help`)."""
+  vocab_size = verifier.vocab_size
   train = tasks.tokenized(args.task, "train", source=args.source)
   grams = decoding.MaxGram(vocab_size=vocab_size, max_match=args.max_match,
                            bigram=decoding.bigram_table(train.tokens, train.lengths, vocab_size))
@@ -110,6 +125,12 @@ def _drafters(args: argparse.Namespace, vocab_size: int) -> dict[str, Entry]:
       name = f"csd {export_name(path)} " + " ".join(f"{key}={value}" for key, value in kw.items())
       drafters[name] = Entry(lambda gamma, model=model, kw=kw: decoding.cs_drafter(model, gamma=gamma, grams=grams,
                                                                                   **kw), model, kw)
+    elif spec.startswith("feature:"):   # feature:DIR: the feature drafter of DIR's head over the verifier
+      if not exports.is_feature_head(spec[len("feature:"):]):
+        raise SystemExit(f"--drafter {spec}: {spec[len('feature:'):]} holds no feature head (feature_head/)")
+      drafter = exports.load_drafter(spec[len("feature:"):], verifier)
+      drafters[f"feature {export_name(spec[len('feature:'):])}"] = Entry(lambda gamma, drafter=drafter: drafter,
+                                                                          drafter, None)
     elif spec.startswith("pp:"):   # pp:PATH[:head=DIR][:h=H]: SpecDec++ with γ as its maximum Γ
       path, *options = spec[3:].split(":")
       kw = dict(o.split("=") for o in options)
@@ -139,14 +160,14 @@ def trained_pairs(args: argparse.Namespace) -> None:
   """Speculative decoding with each trained drafter against the trained verifier alone, interleaved."""
   verifier = load_model(args.verifier)
   split = tasks.tokenized(args.task, "validation", source=args.source)
-  drafters = _drafters(args, verifier.vocab_size)
+  drafters = _drafters(args, verifier)
   rows = np.sort(np.random.default_rng(args.seed).permutation(len(split))[:args.examples])
   prompts, lengths = split.prompts(rows)
   max_new = args.tokens or tasks.get_task(args.task).max_target_tokens
   eos_id = load_vocabulary().eos_id
   print(_machine())
   print(f"command: {' '.join(['python'] + sys.argv)}")
-  print(f"task {args.task}: {len(rows)} validation prompts (mean length {lengths.mean():.0f}), batch 1, up to "
+  print(f"task {args.task}: {len(rows)} validation prompts (mean length {lengths.mean():.0f}), batch {args.batch}, up to "
         f"{max_new} new tokens, eos stops; verifier {export_name(args.verifier)} "
         f"({models.count_params(verifier):,} params)")
   prefix = int(lengths.mean())
@@ -158,11 +179,14 @@ def trained_pairs(args: argparse.Namespace) -> None:
     if model is None:
       print(f"drafter {name}: no model calls")
       continue
-    if id(model) not in costs:
+    if id(model) not in costs and isinstance(model, FeatureDrafter):
+      costs[id(model)] = {1: _head_step_seconds(model, prefix, 50) / t1}
+    elif id(model) not in costs:
       costs[id(model)] = {n: _score_seconds(model, n, prefix, 50) / t1
                           for n in sorted(reviews)}
     cost = costs[id(model)]
-    print(f"drafter {name}: {models.count_params(model):,} params, c = {cost[1]:.3f} per scored token; "
+    size = models.count_params(model.head if isinstance(model, FeatureDrafter) else model)
+    print(f"drafter {name}: {size:,} params, c = {cost[1]:.3f} per scored token; "
           + ", ".join(f"{n} tokens {c:.3f}" for n, c in cost.items() if n > 1))
   grams_cost = {1: 0.0}
   if any(entry.model is None or entry.csd for entry in drafters.values()):
@@ -178,10 +202,10 @@ def trained_pairs(args: argparse.Namespace) -> None:
         (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma)
         for gamma in args.gamma for name, (factory, *_) in drafters.items()]
 
-    def decode(drafter, method, gamma, row, key):
-      # A batch-1 prompt as a user passes it: its own length (rounded up to 32: few shapes to compile).
-      width = -(-int(lengths[row]) // 32) * 32
-      return decoding.generate(key, drafter, verifier, prompts[row:row + 1, :width], lengths[row:row + 1],
+    def decode(drafter, method, gamma, group, key):
+      # Prompts as a user passes them: the group's longest (rounded up to 32: few shapes to compile).
+      width = -(-int(lengths[group].max()) // 32) * 32
+      return decoding.generate(key, drafter, verifier, prompts[group, :width], lengths[group],
                                method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
                                eos_id=eos_id)
 
@@ -197,29 +221,34 @@ def trained_pairs(args: argparse.Namespace) -> None:
         generated, calls = generated + int(out.stats.generated[0]), calls + int(out.stats.verifier_calls[0])
       return _acceptance_for(generated / max(calls, 1), k)
 
-    for row in range(len(rows)):  # compile every prompt width
+    groups = [np.arange(start, min(start + args.batch, len(rows))) for start in range(0, len(rows), args.batch)]
+    for group in groups:  # compile every prompt width
       for _, drafter, method, gamma in runs:
-        jax.block_until_ready(decode(drafter, method, gamma, row, jax.random.PRNGKey(0)).tokens)
+        jax.block_until_ready(decode(drafter, method, gamma, group, jax.random.PRNGKey(0)).tokens)
     seconds = np.zeros(len(runs))
-    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls"), 0) for _ in runs]
+    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls", "blocks"), 0)
+              for _ in runs]
     for trial in range(args.trials):
-      for row in range(len(rows)):
-        key = jax.random.PRNGKey(trial * len(rows) + row)
+      for number, group in enumerate(groups):
+        key = jax.random.PRNGKey(trial * len(groups) + number)
         for i, (_, drafter, method, gamma) in enumerate(runs):
           start = time.perf_counter()
-          out = decode(drafter, method, gamma, row, key)
+          out = decode(drafter, method, gamma, group, key)
           jax.block_until_ready(out.tokens)
           seconds[i] += time.perf_counter() - start
           for stat in totals[i]:
-            totals[i][stat] += int(getattr(out.stats, stat)[0])
+            if stat != "blocks":
+              totals[i][stat] += int(np.sum(getattr(out.stats, stat)))
+          totals[i]["blocks"] += int(np.max(out.stats.verifier_calls))   # the batch's calls: its slowest row's
     per_token = [seconds[i] / max(totals[i]["generated"], 1) for i in range(len(runs))]
-    print(f"temperature {temperature}: {args.trials} trial(s) x {len(rows)} examples")
+    print(f"temperature {temperature}: {args.trials} trial(s) x {len(rows)} examples, batch {args.batch}")
     for i, (label, _, method, _) in enumerate(runs):
       t = totals[i]
       line = f"  {label:<32} {per_token[i] * 1e3:6.2f} ms/token"
       if method == "speculative":
         gamma = runs[i][3]
-        block = seconds[i] / max(t["verifier_calls"], 1)   # mean wall-clock per block, prefills included
+        # Mean wall-clock of a block of the whole batch, prefills included.
+        block = seconds[i] / max(t["blocks"], 1)
         tokens_per_call = t["generated"] / max(t["verifier_calls"], 1)
         line += (f" | accepted/drafted {t['accepted'] / max(t['drafted'], 1):.3f}, per-token acceptance "
                  f"{_acceptance_for(tokens_per_call, gamma):.2f} | {tokens_per_call:.2f} tokens/verifier call, "
@@ -227,8 +256,8 @@ def trained_pairs(args: argparse.Namespace) -> None:
                  f"{(t['drafted'] - t['accepted']) / max(t['generated'], 1):.3f}, verification rate "
                  f"{t['verifier_calls'] / max(t['generated'], 1):.3f} | "
                  f"speed-up {per_token[0] / per_token[i]:.2f}x | {block * 1e3:.2f} ms/block: at most "
-                 f"{(gamma + 1) * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs acceptance "
-                 f"{_acceptance_for(1.5 * block / per_token[0], gamma):.2f}")
+                 f"{(gamma + 1) * args.batch * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs "
+                 f"acceptance {_acceptance_for(1.5 * block / (args.batch * per_token[0]), gamma):.2f}")
       print(line, flush=True)
     if args.rates_plot:
       _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token,
@@ -366,6 +395,7 @@ def main() -> None:
   parser.add_argument("--source", default="auto", help="the task's data (specdec.data.load)")
   parser.add_argument("--examples", type=int, default=16, help="validation prompts (--task)")
   parser.add_argument("--trials", type=int, default=1, help="passes over the prompts (--task)")
+  parser.add_argument("--batch", type=int, default=1, help="prompts decoded together (--task)")
   parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="(--task)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--vocab", type=int, default=32_000)
@@ -375,6 +405,8 @@ def main() -> None:
   parser.add_argument("--prompt", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
+  if args.batch < 1:
+    parser.error(f"--batch must be >= 1; got {args.batch}")
   if args.task:
     trained_pairs(args)
   else:

@@ -1,16 +1,25 @@
-"""Decode texts with a drafter/verifier pair and time it.
+r"""Decode texts with a drafter/verifier pair and time it.
 
-  specdec-generate --drafter data/models/debian_drafter --verifier data/models/debian_verifier \
-      --task debian_synopsis --method speculative --gamma 3 --temperature 0 --compare \
+  specdec-generate --drafter debian_drafter --verifier debian_verifier --task debian_synopsis \
+      --method speculative --gamma 3 --temperature 0 --compare \
       --prompt "A command-line tool that converts images between many formats."
 
-`--input FILE` reads one prompt per line (blank lines skipped). With `--task` each prompt is formatted as
-that task's input ("summarize: … synopsis:"); without it the text is continued as it is. Prints each
-decoded text with its counters, then a summary: compile and decode seconds and tokens/s (`--compare`: the
-verifier alone on the same prompts, and the speed-up). `--output FILE.jsonl` writes one JSON object per
-prompt. Model directories are paths, or names of the shipped models (debian_drafter, debian_verifier,
-debian_drafter_distilled). Compiled programs are kept in a persistent cache (`--cache_dir`), so an
-identical second call does not compile again. At T > 0 a prompt's sample depends on --seed and its text
+`--input FILE` reads one prompt per line (blank lines skipped; `-` reads stdin). With `--task` each prompt
+is formatted as that task's input ("summarize: … synopsis:"); without it the text is continued as it is.
+Prints each decoded text with its counters, then a summary: compile and decode seconds and tokens/s
+(`--compare`: the verifier alone on the same prompts, and the speed-up); an input of more than one batch
+shows a progress bar with tokens/s on stderr. Model directories are paths, or names of the shipped models
+(debian_drafter, debian_verifier, debian_drafter_distilled).
+
+`--output FILE.jsonl` writes one JSON object per prompt: its text, tokens, counters, new tokens and decode
+seconds, and the run (method, parameters, sampling, seed, models). They are streamed to FILE.jsonl.partial
+batch by batch, renamed to FILE.jsonl once every prompt is done: a run that fails leaves FILE.jsonl as it
+was, and Ctrl-C keeps every finished prompt; the same command then resumes where it stopped.
+
+Compiled programs are kept in a persistent cache (`--cache_dir`). Prompts are padded to the task's input
+budget (without a task: a power of two) and batches to --batch_size (a single prompt: one row), so another
+prompt set, temperature, top-p, α or seed reuses the compiled programs; another method, γ, top-k,
+max_new_tokens or --no_eos compiles its own once. At T > 0 a prompt's sample depends on --seed and its text
 (and how often the same text came before it), not on its place in the input or the batch size.
 """
 
@@ -20,26 +29,27 @@ import argparse
 import functools
 import json
 import os
+import pathlib
+import re
 import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from specdec import cli, decoding
-from specdec.data import load_vocabulary, shipped, tasks
-from specdec.models.base import is_encoder_decoder
-from specdec.training import exports
-from specdec.training.convert import load_any
+from specdec import cli
+from specdec.cli import registry
+from specdec.data import shipped
 
 PROG = "specdec-generate"
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
 CACHE_EVENTS = {"/jax/compilation_cache/compile_requests_use_cache": "requests",
                 "/jax/compilation_cache/cache_hits": "hits"}
+# Prompts are padded to at least this width (and, without a task, to a power of two above it).
+MIN_PROMPT_WIDTH = 32
 _compile_seconds = [0.0]
 _cache_counts = {"requests": 0, "hits": 0}
 
@@ -48,6 +58,8 @@ _cache_counts = {"requests": 0, "hits": 0}
 def _count_compilations() -> None:
   """From now on, JAX's compilation durations (tracing, lowering, XLA) add up in `_compile_seconds`, and
   the programs it looked up in (and found in) the persistent cache in `_cache_counts`."""
+  import jax
+
   def on_duration(event: str, duration: float, **_: Any) -> None:
     if event in COMPILE_EVENTS:
       _compile_seconds[0] += duration
@@ -63,73 +75,116 @@ def default_cache_dir() -> str:
   return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specdec", "jax")
 
 
+def _note(message: str) -> None:
+  print(f"{PROG}: note: {message}", file=sys.stderr)
+
+
+# --- options --------------------------------------------------------------------------------------------
+
 def _method_help(name: str) -> str:
   """A parameter's meaning, range and default in each method that takes it (`Param.help`)."""
   takers: dict[tuple[str, str], list[str]] = {}
-  for method in decoding.METHODS.values():
-    for param in method.params:
-      if param.name == name:
-        takers.setdefault((param.help, repr(param.default)), []).append(method.name)
+  for method_name, method in registry.load()["methods"].items():
+    for param in method["params"]:
+      if param["name"] == name:
+        takers.setdefault((param["help"], repr(param["default"])), []).append(method_name)
   return "; ".join(f"{meaning} [default {default}: {', '.join(names)}]"
                    for (meaning, default), names in takers.items()).replace("%", "%%")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _param_names() -> list[str]:
+  """Every method parameter's name, in the registry's order."""
+  return list(dict.fromkeys(p["name"] for m in registry.load()["methods"].values() for p in m["params"]))
+
+
+def _ranged(convert: Callable[[str], Any], lo: float, hi: float, *, lo_open: bool = False, what: str = ""
+            ) -> Callable[[str], Any]:
+  """An argparse type: `convert(text)` within [lo, hi] ((lo, hi] with `lo_open`), else argparse's one-line
+  error, which names the option."""
+  def parse(text: str) -> Any:
+    value = convert(text)
+    if not (lo < value if lo_open else lo <= value) or not value <= hi:
+      raise argparse.ArgumentTypeError(f"must be {what}; got {text}")
+    return value
+  parse.__name__ = convert.__name__   # argparse names the type in "invalid int value"
+  return parse
+
+
+def _parser() -> cli.ArgumentParser:
+  table = registry.load()
   parser = cli.parser(PROG, __doc__)
   models = parser.add_argument_group("models")
   models.add_argument("--verifier", required=True, metavar="DIR", help="the verifier: an exported model directory, or a "
                       "Hugging Face save_pretrained directory (T5, Gemma 2)")
   models.add_argument("--drafter", metavar="DIR", help="the drafter (every method but autoregressive)")
   models.add_argument("--head", metavar="DIR", help="a directory holding the parts of the drafter's export that "
-                      + ", ".join(f"{m.name} reads ({', '.join(m.export_parts)}/)" for m in decoding.METHODS.values()
-                                  if m.export_parts) + " (default: the drafter's own directory)")
+                      + ", ".join(f"{name} reads ({', '.join(m['export_parts'])}/)"
+                                  for name, m in table["methods"].items() if m["export_parts"])
+                      + " (default: the drafter's own directory)")
   models.add_argument("--vocab", metavar="PATH", help="a SentencePiece .model file (default: the shipped one)")
   text = parser.add_argument_group("prompts").add_mutually_exclusive_group(required=True)
   text.add_argument("--prompt", action="append", help="a prompt text (repeatable)")
-  text.add_argument("--input", metavar="FILE", help="a UTF-8 file with one prompt per line")
+  text.add_argument("--input", metavar="FILE", help="a UTF-8 file with one prompt per line; - reads stdin")
   run = parser.add_argument_group("decoding")
-  run.add_argument("--task", choices=list(tasks.TASKS), help="format prompts as this task's inputs")
+  run.add_argument("--task", choices=list(table["tasks"]), help="format prompts as this task's inputs")
   run.add_argument("--truncate", action="store_true",
                    help="cut prompts longer than the task's input budget as training does (default: an error)")
-  run.add_argument("--method", default="speculative", choices=list(decoding.METHODS),
+  run.add_argument("--method", default="speculative", choices=list(table["methods"]),
                    help="the decoding method (default: %(default)s)")
-  run.add_argument("--temperature", type=float, default=1.0,
+  run.add_argument("--temperature", type=_ranged(float, 0, float("inf"), what="a float >= 0"), default=1.0,
                    help="T >= 0; 0 is greedy (default: %(default)s, as decoding.generate)")
-  run.add_argument("--top_p", type=float, default=1.0, help="nucleus mass in (0, 1] (default: %(default)s)")
-  run.add_argument("--top_k", type=int, default=0, help="keep the k likeliest tokens, 0: all (default: %(default)s)")
-  run.add_argument("--max_new_tokens", type=int, help="default: the task's target budget, else 64")
+  run.add_argument("--top_p", type=_ranged(float, 0, 1, lo_open=True, what="a float in (0, 1]"), default=1.0,
+                   help="nucleus mass in (0, 1] (default: %(default)s)")
+  run.add_argument("--top_k", type=_ranged(int, 0, float("inf"), what="an int >= 0"), default=0,
+                   help="keep the k likeliest tokens, 0: all (default: %(default)s)")
+  run.add_argument("--max_new_tokens", type=_ranged(int, 1, float("inf"), what="an int >= 1"),
+                   help="default: the task's target budget, else 64")
   run.add_argument("--no_eos", action="store_true", help="do not stop at the vocabulary's end-of-sequence")
   run.add_argument("--seed", type=int, default=0, help="the sampling key (default: %(default)s)")
-  run.add_argument("--batch_size", type=int, default=8, help="prompts decoded together (default: %(default)s)")
+  run.add_argument("--batch_size", type=_ranged(int, 1, float("inf"), what="an int >= 1"), default=8,
+                   help="prompts decoded together (default: %(default)s)")
   out = parser.add_argument_group("output and timing")
-  out.add_argument("--output", metavar="FILE.jsonl", help="write one JSON object per prompt: prompt, text, "
-                   "tokens, counters, ms_per_token")
+  out.add_argument("--output", metavar="FILE.jsonl", help="write one JSON object per prompt (streamed to "
+                   "FILE.jsonl.partial, renamed at the end; the same command resumes an interrupted run)")
   out.add_argument("--compare", action="store_true", help="also decode with the verifier alone; print the speed-up")
   out.add_argument("--cache_dir", help=f"the persistent compilation cache (default: {default_cache_dir()}; the "
                    "first call of a process sets it for the process)")
   out.add_argument("--no_cache", action="store_true", help="do not read or write the compilation cache")
   params = parser.add_argument_group("method parameters", "each method takes the ones its entry in "
                                      "specdec.decoding.generate lists; the others are an error")
-  for name in decoding.methods.all_param_names():
-    value_type = next(p.value_type for m in decoding.METHODS.values() for p in m.params if p.name == name)
+  types = {"int": int, "float": float, "str": str}
+  for name in _param_names():
+    value_type = next(types[p["type"]] for m in table["methods"].values() for p in m["params"] if p["name"] == name)
     params.add_argument(f"--{name}", type=value_type, default=None, help=_method_help(name))
   return parser
 
 
-def _method_params(args: argparse.Namespace, method: decoding.Method) -> dict[str, Any]:
-  """The method parameters given, checked: one the method does not take is an error; one it takes but
-  that does not change this run (Param.used) gets a note."""
-  given = {name: getattr(args, name) for name in decoding.methods.all_param_names() if getattr(args, name) is not None}
-  taken = [p.name for p in method.params]
+def _given_params(args: argparse.Namespace) -> dict[str, Any]:
+  """The method parameters given; one the method does not take is an error."""
+  given = {name: getattr(args, name) for name in _param_names() if getattr(args, name) is not None}
+  taken = [p["name"] for p in registry.load()["methods"][args.method]["params"]]
   foreign = [name for name in given if name not in taken]
   if foreign:
-    raise ValueError(f"--{foreign[0]} is not a parameter of --method {method.name} (it takes "
+    raise ValueError(f"--{foreign[0]} is not a parameter of --method {args.method} (it takes "
                      f"{', '.join('--' + n for n in taken) or 'none'})")
-  resolved = method.resolve(given)
+  return given
+
+
+def _resolve_params(method, given: dict[str, Any]) -> dict[str, Any]:
+  """All of the method's parameters (`Method.resolve`: defaults, range checks), a note for each one given
+  that does not change this run (`Param.used`). A range error shows the value as given (`got 9`, where
+  `checks.check_range` reads values as floats: `got [9.0]`)."""
+  try:
+    resolved = method.resolve(given)
+  except ValueError as e:
+    name = next((name for name in given if str(e).startswith(name)), None)
+    if name is None:
+      raise
+    raise ValueError(re.sub(r"got \[[^\]]*\]$", f"got {given[name]}", str(e))) from None
   for param in method.params:
     if param.name in given and not param.used(resolved):
-      print(f"{PROG}: note: --{param.name} does not change a {method.name} run with these parameters", file=sys.stderr)
-  return given
+      _note(f"--{param.name} does not change a {method.name} run with these parameters")
+  return resolved
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
@@ -138,15 +193,22 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     if empty:
       raise ValueError(f"--prompt number {empty[0]} is empty")
     return args.prompt
+  source = "stdin" if args.input == "-" else args.input
+  if os.path.isdir(args.input):
+    raise ValueError(f"--input {args.input} is a directory; give a file with one prompt per line")
   try:
-    with open(args.input, encoding="utf-8") as f:
-      lines = f.read().splitlines()
+    lines = (sys.stdin.buffer.read() if args.input == "-" else pathlib.Path(args.input).read_bytes()
+             ).decode("utf-8").splitlines()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"--input {args.input}: no such file") from None
+  except PermissionError:
+    raise PermissionError(f"--input {args.input} is not readable") from None
   except UnicodeDecodeError as e:
-    raise ValueError(f"--input {args.input} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+    raise ValueError(f"--input {source} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
                      "convert it, e.g. `iconv -f latin1 -t utf-8`") from None
   texts = [line for line in lines if line.strip()]
   if not texts:
-    raise ValueError(f"--input {args.input} holds no prompt (one per line; blank lines are skipped)")
+    raise ValueError(f"--input {source} holds no prompt (one per line; blank lines are skipped)")
   return texts
 
 
@@ -163,61 +225,207 @@ def row_ids(texts: Sequence[str]) -> np.ndarray:
 def _model_directory(path: str, role: str) -> str:
   """A model directory given as a path (local or gs://…) or a shipped model's name."""
   found = shipped.find(path, os.path.join("data", "models"))
-  if "://" not in found and not os.path.exists(found):
+  if "://" not in found and not os.path.isdir(found):
     raise FileNotFoundError(f"--{role} {path}: no such model directory (nor a shipped model of that name)")
   return found
 
 
-def _drafter(args: argparse.Namespace, method: decoding.Method):
-  if method.drafter == "none":
-    for option in ("drafter", "head"):
-      if getattr(args, option):
-        raise ValueError(f"--{option} is not used by --method {method.name} (the verifier decodes alone)")
-    return None
+def _drafter_directories(args: argparse.Namespace) -> tuple[str | None, str | None]:
+  """(the drafter's directory, the directory of the export parts its method reads); None where unused."""
+  table = registry.load()
+  method = table["methods"][args.method]
+  if method["drafter"] == "none":
+    ignored = [f"--{option}" for option in ("drafter", "head") if getattr(args, option)]
+    if ignored:
+      _note(f"{' and '.join(ignored)} ignored: --method {args.method} decodes with the verifier alone")
+    return None, None
   if not args.drafter:
-    raise ValueError(f"--method {method.name} needs --drafter DIR")
-  if args.head and not method.export_parts:
-    users = [m.name for m in decoding.METHODS.values() if m.export_parts]
-    raise ValueError(f"--head is used by --method {' or '.join(users)} only, not {method.name}")
-  directory = _model_directory(args.drafter, "drafter")
-  parts = exports.load_parts(_model_directory(args.head, "head") if args.head else directory, method.export_parts,
-                             user=f"--method {method.name}", option="--head DIR")
-  return exports.drafter_for(method, load_any(directory), parts)
+    raise ValueError(f"--method {args.method} needs --drafter DIR")
+  if args.head and not method["export_parts"]:
+    users = [name for name, m in table["methods"].items() if m["export_parts"]]
+    raise ValueError(f"--head is used by --method {' or '.join(users)} only, not {args.method}")
+  drafter = _model_directory(args.drafter, "drafter")
+  parts = _model_directory(args.head, "head") if args.head else drafter
+  for part in method["export_parts"]:
+    if "://" not in parts and not os.path.isdir(os.path.join(parts, part)):
+      models = shipped.path("data", "models")
+      having = sorted(d.parent.name for d in models.glob(f"*/{part}") if d.is_dir()) if models.is_dir() else []
+      hint = (f"the shipped {having[0]} has one (--drafter {having[0]}, or --head {having[0]})" if having
+              else "give --head DIR holding one")
+      raise FileNotFoundError(f"--method {args.method} needs the drafter's {table['parts'][part]}: {parts} holds "
+                              f"no {part}/; {hint}")
+  return drafter, parts
 
 
-def _decode(drafter, verifier, batches, *, method: str, params: dict[str, Any], settings: dict[str, Any]
-            ) -> tuple[list[decoding.Output], list[float], float]:
-  """Every batch decoded: outputs (real rows only), decode seconds per batch (compilation excluded), compile
-  seconds."""
-  outputs, seconds, compile_seconds = [], [], 0.0
-  for prompts, lengths, ids, _ in batches:
-    compiled_before, start = _compile_seconds[0], time.perf_counter()
-    out = decoding.generate(jax.random.PRNGKey(settings["seed"]), drafter, verifier, prompts, lengths,
-                            row_ids=ids, method=method, temperature=settings["temperature"],
-                            top_p=settings["top_p"], top_k=settings["top_k"],
-                            max_new_tokens=settings["max_new_tokens"], eos_id=settings["eos_id"], **params)
-    jax.block_until_ready(out)
-    compiling = _compile_seconds[0] - compiled_before
-    outputs.append(jax.tree.map(lambda x: np.asarray(x)[:batches[len(outputs)][3]], out))
-    seconds.append(time.perf_counter() - start - compiling)
-    compile_seconds += compiling
-  return outputs, seconds, compile_seconds
+def _check_options(args: argparse.Namespace) -> None:
+  if args.no_cache and args.cache_dir:
+    raise ValueError("--cache_dir and --no_cache contradict each other")
+  if args.truncate and not (args.task and registry.load()["tasks"][args.task]["inputs"]):
+    raise ValueError("--truncate cuts prompts to a task's input budget: it needs --task with inputs "
+                     f"({', '.join(name for name, task in registry.load()['tasks'].items() if task['inputs'])})")
+
+
+def unknown_characters(texts: Sequence[str], vocab) -> list[list[str]]:
+  """Per text, its characters that the vocabulary has no piece for: encoded as <unk> or as byte pieces
+  (SentencePiece's byte fallback), which a model trained on the vocabulary's languages has rarely seen."""
+  unknown_ids = {vocab.unk_id} | {vocab.piece_id(f"<0x{byte:02X}>") for byte in range(256)}
+
+  @functools.cache
+  def unknown(character: str) -> bool:
+    return bool(unknown_ids & set(vocab.encode(character)))
+  return [[c for c in text if unknown(c)] for text in texts]
+
+
+# --- output -------------------------------------------------------------------------------------------
+
+class StreamedOutput:
+  """--output FILE: the records of finished prompts appended to FILE.partial, one batch at a time (whole
+  lines), renamed to FILE when every prompt is done; until then FILE is left as it was. Paths are checked
+  when it is made, before anything is decoded."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.partial = path + ".partial"
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+      raise ValueError(f"--output {path} is a directory; give a file name, e.g. {os.path.join(path, 'out.jsonl')}")
+    if not os.path.isdir(folder):
+      raise FileNotFoundError(f"--output {path}: no such directory {folder}")
+    for file in (path, self.partial):
+      if os.path.exists(file) and not os.access(file, os.W_OK):
+        raise PermissionError(f"--output {path}: {file} is not writable")
+    if not os.access(folder, os.W_OK):
+      raise PermissionError(f"--output {path}: cannot create files in {folder}")
+
+  def resume(self, texts: Sequence[str], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records FILE.partial holds from an interrupted run of this command (the same run settings, its
+    prompts the first of `texts`); [] when there is none. A line cut short (a killed write) is dropped."""
+    if not os.path.exists(self.partial):
+      return []
+    with open(self.partial, "rb") as f:
+      data = f.read()
+    lines = data[:data.rfind(b"\n") + 1].decode("utf-8", "replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        record = None
+      if (not isinstance(record, dict) or record.get("run") != run or number > len(texts)
+          or record.get("prompt") != texts[number - 1]):
+        raise ValueError(f"--output {self.path}: {self.partial} holds the start of another run (line {number}: other "
+                         "settings or prompts); rerun that command to finish it, or delete the file")
+      records.append(record)
+    if not data.endswith(b"\n"):
+      with open(self.partial, "r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+    return records
+
+  def kept(self) -> int:
+    """How many records FILE.partial holds: its whole lines (read from the file, which Ctrl-C may have
+    reached between a write and anything counted after it)."""
+    if not os.path.exists(self.partial):
+      return 0
+    with open(self.partial, "rb") as f:
+      return f.read().count(b"\n")
+
+  def append(self, records: Sequence[dict[str, Any]]) -> None:
+    """Appends the records as whole lines in one write(2), unbuffered (Ctrl-C ends the process with
+    `os._exit`, which flushes nothing), synced to the disk."""
+    data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8")
+    descriptor = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      while data:
+        data = data[os.write(descriptor, data):]
+      os.fsync(descriptor)
+    finally:
+      os.close(descriptor)
+
+  def finish(self) -> None:
+    """Renames FILE.partial (an empty one if no record was written) to FILE."""
+    if not os.path.exists(self.partial):
+      open(self.partial, "w").close()
+    os.replace(self.partial, self.path)
+
+
+# --- decoding -------------------------------------------------------------------------------------------
+
+def prompt_width(longest: int, task_budget: int | None, fits: Callable[[int], bool]) -> int:
+  """The width prompts are padded to: the task's input budget (any prompt set of the task then runs the
+  same compiled programs), else the longest prompt rounded up to a power of two >= MIN_PROMPT_WIDTH (a few
+  programs in all); the longest rounded up to a multiple of MIN_PROMPT_WIDTH where those would leave too
+  little room in the models' caches for max_new_tokens."""
+  power = max(MIN_PROMPT_WIDTH, 1 << (longest - 1).bit_length())
+  for width in ([task_budget] if task_budget else []) + [power]:
+    if width >= longest and fits(width):
+      return width
+  return -(-longest // MIN_PROMPT_WIDTH) * MIN_PROMPT_WIDTH
+
+
+def batch_rows(n_prompts: int, batch_size: int) -> list[np.ndarray]:
+  """Row indices of each batch: `batch_size` rows (one for a single prompt), the last batch padded with its
+  final row, so that any number of prompts runs the same compiled programs (padding rows are discarded)."""
+  size = 1 if n_prompts == 1 else batch_size
+  return [np.minimum(np.arange(start, start + size), n_prompts - 1) for start in range(0, n_prompts, size)]
+
+
+def _print_record(record: dict[str, Any]) -> None:
+  counters = record["counters"]
+  shown = " ".join(f"{name}={count}" for name, count in counters.items())
+  if counters["drafted"]:
+    shown += f" acceptance={counters['accepted'] / counters['drafted']:.2f}"
+  print(f"> {record['prompt']}\n{record['text']}\n  [{shown}]", flush=True)
+
+
+def _warn_of_unknown_characters(texts: Sequence[str], vocab) -> list[int]:
+  """One warning line for the characters of `texts` the vocabulary cannot spell; their count per text."""
+  unknown = unknown_characters(texts, vocab)
+  if any(unknown):
+    examples = " ".join(dict.fromkeys(c for row in unknown for c in row))
+    n_prompts = sum(map(bool, unknown))
+    print(f"{PROG}: warning: {sum(map(len, unknown))} characters of {n_prompts} prompt{'s' * (n_prompts > 1)} are "
+          f"not in the vocabulary and became unknown (byte) tokens, which the models rarely saw: {examples[:40]}",
+          file=sys.stderr)
+  return [len(row) for row in unknown]
+
+
+def _decode(drafter, verifier, prompts: np.ndarray, lengths: np.ndarray, ids: np.ndarray, *, method: str,
+            params: dict[str, Any], settings: dict[str, Any]):
+  """One batch decoded (`decoding.generate`): its output as NumPy arrays, decode seconds (compilation
+  excluded) and compile seconds."""
+  import jax
+  from specdec import decoding
+  compiled_before, start = _compile_seconds[0], time.perf_counter()
+  out = decoding.generate(jax.random.PRNGKey(settings["seed"]), drafter, verifier, prompts, lengths, row_ids=ids,
+                          method=method, temperature=settings["temperature"], top_p=settings["top_p"],
+                          top_k=settings["top_k"], max_new_tokens=settings["max_new_tokens"],
+                          eos_id=settings["eos_id"], **params)
+  out = jax.tree.map(np.asarray, out)
+  compiling = _compile_seconds[0] - compiled_before
+  return out, time.perf_counter() - start - compiling, compiling
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   """Decodes the prompts; returns one record per prompt (what --output writes)."""
+  # Everything the arguments alone decide is checked before JAX is imported (a fraction of a second).
   args = _parser().parse_args(argv)
-  method = decoding.methods.get(args.method)
-  params = _method_params(args, method)
+  given = _given_params(args)
+  registry.check_params(args.method, given)
   texts = _read_prompts(args)
-  if args.batch_size < 1:
-    raise ValueError(f"--batch_size must be >= 1; got {args.batch_size}")
-  if args.no_cache and args.cache_dir:
-    raise ValueError("--cache_dir and --no_cache contradict each other")
-  if args.truncate and (args.task is None or tasks.get_task(args.task).input_field is None):
-    raise ValueError("--truncate cuts prompts to a task's input budget: it needs --task with inputs "
-                     f"({', '.join(name for name, task in tasks.TASKS.items() if task.input_field)})")
-  output = open(args.output, "w", encoding="utf-8") if args.output else None   # a bad path fails before decoding
+  _check_options(args)
+  verifier_directory = _model_directory(args.verifier, "verifier")
+  drafter_directory, parts_directory = _drafter_directories(args)
+  output = StreamedOutput(args.output) if args.output else None
+
+  import jax
+  from specdec import decoding
+  from specdec.data import load_vocabulary, tasks
+  from specdec.models.base import is_encoder_decoder
+  from specdec.training import exports
+  from specdec.training.convert import load_any
+
+  method = decoding.methods.get(args.method)
+  params = _resolve_params(method, given)
   cache_dir = args.cache_dir or default_cache_dir()
   if args.no_cache:
     jax.config.update("jax_enable_compilation_cache", False)
@@ -228,60 +436,108 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   _count_compilations()
   cache_before = dict(_cache_counts)
   vocab = load_vocabulary(args.vocab)
-  verifier = load_any(_model_directory(args.verifier, "verifier"))
-  drafter = _drafter(args, method)
+  verifier = load_any(verifier_directory)
+  drafter = None
+  if drafter_directory is not None:
+    parts = exports.load_parts(parts_directory, method.export_parts, user=f"--method {method.name}",
+                               option="--head DIR")
+    if exports.is_feature_head(drafter_directory) and (method.drafter != "any" or method.export_parts):
+      raise ValueError(f"--drafter {args.drafter} is a feature drafter (a head over the verifier's hidden states); "
+                       f"--method {method.name} needs a drafter model: use it with --method "
+                       f"{' or '.join(m.name for m in decoding.METHODS.values() if m.drafter == 'any' and not m.export_parts)}")
+    drafter = exports.drafter_for(method, exports.load_drafter(drafter_directory, verifier), parts)
   if vocab.vocab_size > verifier.vocab_size:
     raise ValueError(f"--vocab has {vocab.vocab_size} pieces, more than the verifier's {verifier.vocab_size} "
                      "embeddings: it is not the models' vocabulary")
-  encoder_decoder = is_encoder_decoder(verifier)
   settings = dict(seed=args.seed, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                   max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else
                   tasks.get_task(args.task).max_target_tokens if args.task else 64,
                   eos_id=None if args.no_eos else vocab.eos_id)
-  # One width and one batch size (the last batch padded with its final row) for all: one compiled program.
-  prompts, lengths = tasks.prompt_batch(texts, task=args.task, vocab=vocab, encoder_decoder=encoder_decoder,
-                                        truncate=args.truncate)
+  run = {"method": method.name, "params": params,
+         "sampling": {name: settings[name] for name in ("temperature", "top_p", "top_k")},
+         **{name: settings[name] for name in ("seed", "max_new_tokens", "eos_id")},
+         "task": args.task, "truncate": args.truncate, "drafter": args.drafter if drafter is not None else None,
+         "head": args.head if drafter is not None else None, "verifier": args.verifier, "vocab": args.vocab}
+
+  prompts, lengths = tasks.prompt_batch(texts, task=args.task, vocab=vocab, truncate=args.truncate,
+                                        encoder_decoder=is_encoder_decoder(verifier))
+  unknown = _warn_of_unknown_characters(texts, vocab)
+  budget = registry.load()["tasks"][args.task]["max_input_tokens"] if args.task else None
+  cache_room = min(model.max_length for model in (verifier, drafter) if model is not None)
+  width = prompt_width(int(lengths.max()), budget, lambda width: decoding.required_cache_length(
+      method, params, verifier, drafter, width, settings["max_new_tokens"]) <= cache_room)
+  columns = min(width, prompts.shape[1])   # beyond the longest prompt: padding
+  prompts = np.pad(prompts[:, :columns], ((0, 0), (0, width - columns)))
   ids = row_ids(texts)
-  batch_size = min(args.batch_size, len(texts))
-  batches = []
-  for start in range(0, len(texts), batch_size):
-    rows = np.minimum(np.arange(start, start + batch_size), len(texts) - 1)
-    batches.append((prompts[rows], lengths[rows], ids[rows], min(batch_size, len(texts) - start)))
-  outputs, seconds, compile_seconds = _decode(drafter, verifier, batches, method=args.method, params=params,
-                                              settings=settings)
-  records = []
-  for out, batch_seconds in zip(outputs, seconds):
-    tokens, n = np.asarray(out.tokens), np.asarray(out.lengths)
-    stats = {name: np.asarray(getattr(out.stats, name)) for name in decoding.common.STAT_NAMES}
-    for i in range(len(n)):
-      text = texts[len(records)]
-      counters = {name: int(stats[name][i]) for name in decoding.common.STAT_NAMES}
-      record = {"prompt": text, "text": vocab.decode(tokens[i, :n[i]].tolist()), "tokens": tokens[i, :n[i]].tolist(),
-                "counters": counters, "ms_per_token": 1000 * batch_seconds / max(int(n[i]), 1)}
-      records.append(record)
-      shown = " ".join(f"{name}={count}" for name, count in counters.items())
-      if counters["drafted"]:
-        shown += f" acceptance={counters['accepted'] / counters['drafted']:.2f}"
-      print(f"> {text}\n{record['text']}\n  [{shown}]", flush=True)
+  records = output.resume(texts, run) if output else []
+  resumed = len(records)
+  if resumed:
+    print(f"{PROG}: resuming: {resumed} of {len(texts)} prompts are already in {output.partial}", file=sys.stderr)
+  batches = [resumed + rows for rows in batch_rows(len(texts) - resumed, args.batch_size)]
+
+  def kept() -> str:
+    if output is None:
+      return (f"{len(records)} of {len(texts)} prompts were decoded (printed above); with --output FILE an "
+              "interrupted run keeps them and the same command resumes it")
+    done = output.kept()
+    if done == 0:
+      return f"no prompt was finished; {output.path} is as it was"
+    return (f"{done} of {len(texts)} prompts kept in {output.partial} ({output.path} is written once all are "
+            f"done); rerun the same command to decode the other {len(texts) - done}")
+  cli.on_interrupt(kept)
+
+  import tqdm
+  bar = tqdm.tqdm(total=len(texts) - resumed, desc=method.name, unit="prompt", file=sys.stderr,
+                  disable=len(batches) <= 1)
+  n_tokens, decode_seconds, compile_seconds = 0, 0.0, 0.0
+  for rows in batches:
+    try:
+      out, seconds, compiling = _decode(drafter, verifier, prompts[rows], lengths[rows], ids[rows],
+                                        method=method.name, params=params, settings=settings)
+    except FloatingPointError as e:   # NaN logits: the finished prompts are kept all the same
+      raise FloatingPointError(f"{e} ({kept()})" if output is not None and output.kept() else str(e)) from None
+    finished = [{"prompt": texts[row], "text": vocab.decode(out.tokens[i, :out.lengths[i]].tolist()),
+                 "tokens": out.tokens[i, :out.lengths[i]].tolist(), "new_tokens": int(out.lengths[i]),
+                 "seconds": seconds, "batch": int(rows[0]),
+                 "counters": {name: int(getattr(out.stats, name)[i]) for name in decoding.common.STAT_NAMES},
+                 "unknown_characters": unknown[row], "run": run}
+                for i, row in enumerate(rows[:len(texts) - rows[0]])]   # the padding rows repeat the last
+    if output is not None:
+      output.append(finished)
+    records += finished
+    bar.clear()
+    for record in finished:
+      _print_record(record)
+    n_tokens += sum(record["new_tokens"] for record in finished)
+    decode_seconds += seconds
+    compile_seconds += compiling
+    bar.update(len(finished))
+    bar.set_postfix_str(f"{n_tokens / max(decode_seconds, 1e-9):.1f} tokens/s")
+  bar.close()
   if output is not None:
-    with output:
-      for record in records:
-        output.write(json.dumps(record, ensure_ascii=False) + "\n")
-  n_tokens = sum(int(np.sum(out.lengths)) for out in outputs)
-  decode_seconds = sum(seconds)
+    done = (f"all {len(texts)} prompts are in {output.path}"
+            + ("; the --compare run was cut short" if args.compare else ""))
+    cli.on_interrupt(lambda: f"{done} (or, if the rename was cut short, in {output.partial}; rerun to finish)")
+    output.finish()
+    cli.on_interrupt(lambda: done)
+
   cached = {name: _cache_counts[name] - cache_before[name] for name in _cache_counts}
   cache = "" if args.no_cache else f" ({cached['hits']} of {cached['requests']} programs from the cache {cache_dir})"
-  print(f"{args.method}: {len(texts)} prompt{'s' * (len(texts) > 1)}, {n_tokens} new tokens; compile {compile_seconds:.1f} s{cache}, "
-        f"decode {decode_seconds:.2f} s: "
-        f"{n_tokens / decode_seconds:.1f} tokens/s, {1000 * decode_seconds / max(n_tokens, 1):.1f} ms/token",
+  print(f"{method.name}: {len(texts)} prompt{'s' * (len(texts) > 1)}{f' ({resumed} resumed)' if resumed else ''}, "
+        f"{n_tokens} new tokens; compile {compile_seconds:.1f} s{cache}, decode {decode_seconds:.2f} s: "
+        f"{n_tokens / max(decode_seconds, 1e-9):.1f} tokens/s, {1000 * decode_seconds / max(n_tokens, 1):.1f} ms/token",
         flush=True)
   if args.compare:
-    alone, alone_seconds, alone_compile = _decode(None, verifier, batches, method="autoregressive", params={},
-                                                  settings=settings)
-    alone_tokens, alone_decode = sum(int(np.sum(out.lengths)) for out in alone), sum(alone_seconds)
+    alone_tokens, alone_decode, alone_compile = 0, 0.0, 0.0
+    for rows in batches:
+      out, seconds, compiling = _decode(None, verifier, prompts[rows], lengths[rows], ids[rows],
+                                        method="autoregressive", params={}, settings=settings)
+      alone_tokens += int(np.sum(out.lengths[:len(texts) - rows[0]]))
+      alone_decode += seconds
+      alone_compile += compiling
     print(f"verifier alone: {alone_tokens} new tokens; compile {alone_compile:.1f} s, decode {alone_decode:.2f} s: "
-          f"{alone_tokens / alone_decode:.1f} tokens/s; speed-up of {args.method} (ms/token, decode only): "
-          f"{(alone_decode / max(alone_tokens, 1)) / (decode_seconds / max(n_tokens, 1)):.2f}x", flush=True)
+          f"{alone_tokens / max(alone_decode, 1e-9):.1f} tokens/s; speed-up of {method.name} (ms/token, decode only): "
+          f"{(alone_decode / max(alone_tokens, 1)) / max(decode_seconds / max(n_tokens, 1), 1e-9):.2f}x", flush=True)
   return records
 
 

@@ -38,14 +38,19 @@ def check_rule(rule: str) -> None:
     raise ValueError(f"unknown rule {rule!r}; choose one of {', '.join(RULES)}")
 
 
-def check_alpha(rule: str, alpha) -> None:
-  """α in [0, 1) for probability-scale rules, [0, ∞) for the nats-scale ones (raises ValueError)."""
+def alpha_range(rule: str) -> tuple[float, float, str]:
+  """α's allowed interval [lo, hi) for `rule` and the name errors give it: [0, 1) for probability-scale
+  rules, [0, ∞) for the nats-scale ones."""
   check_rule(rule)
   if rule in _NATS_RULES:
-    checks.check_range(f"alpha (rule {rule!r}, a threshold in nats)", alpha, 0.0, math.inf,
-                       hi_closed=False)
-  else:
-    checks.check_range(f"alpha (rule {rule!r})", alpha, 0.0, 1.0, hi_closed=False)
+    return 0.0, math.inf, f"alpha (rule {rule!r}, a threshold in nats)"
+  return 0.0, 1.0, f"alpha (rule {rule!r})"
+
+
+def check_alpha(rule: str, alpha) -> None:
+  """α in `alpha_range(rule)` (raises ValueError)."""
+  lo, hi, name = alpha_range(rule)
+  checks.check_range(name, alpha, lo, hi, hi_closed=False)
 
 
 def check_beta(alpha, beta) -> None:

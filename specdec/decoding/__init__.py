@@ -25,7 +25,7 @@ from specdec.decoding import common, methods
 from specdec.decoding.common import Output, Stats
 from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_drafter, bigram_table
-from specdec.decoding.methods import METHODS, Method, Param, register
+from specdec.decoding.methods import METHODS, Bounds, Method, Param, count_bounds, register
 from specdec.models import base, partitioning
 from specdec.models.base import Model
 from specdec.core.sampling import Sampling
@@ -36,9 +36,9 @@ Array = jax.Array
 # generation stops there unless `generate` is told otherwise (eos_id=None decodes max_new_tokens always).
 DEFAULT_EOS_ID = 1
 
-__all__ = ["DEFAULT_EOS_ID", "Draft", "Drafter", "HorizontalCascade", "METHODS", "MaxGram", "Method", "ModelDrafter",
-           "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "cs_drafter",
-           "generate", "lower", "register", "required_cache_length"]
+__all__ = ["DEFAULT_EOS_ID", "Bounds", "Draft", "Drafter", "HorizontalCascade", "METHODS", "MaxGram", "Method",
+           "ModelDrafter", "Output", "Param", "Sampling", "Stats", "VerticalCascade", "bigram_table", "count_bounds",
+           "cs_drafter", "generate", "lower", "register", "required_cache_length"]
 
 
 def _int(name: str, value: Any, lo: int) -> int:
@@ -106,7 +106,8 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
   method (`methods.METHODS`, docs/methods.md; its parameters as keyword arguments, defaults in brackets):
 {methods}
   Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
-  temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild). Rows
+  temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild, spectr,
+  specinfer: the methods whose drafter is 'any'). Rows
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).
   Randomness is per row: row b draws from fold_in(key, row_ids[b]) alone (`specdec.rng`; default ids
   0 … B−1), so a prompt's sample depends on (key, its id), not on its batch position or the batch size.

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec import sampling as sampling_lib
-from specdec import checks, rng, targets, verify
+from specdec import rng, targets, verify
 from specdec.decoding import common
 from specdec.decoding.autoregressive import autoregressive
 from specdec.decoding.drafters import ModelDrafter
-from specdec.decoding.methods import ALPHA, RULE, Method, Param, register
+from specdec.decoding.methods import ALPHA, RULE, Bounds, Method, Param, register
 from specdec.decoding.speculative import PairState
 from specdec.models.base import Model, rollback
 
@@ -178,12 +178,11 @@ def _check_chow_rule(rule, params) -> None:
 register(Method(
     "seq_cascade", decode=seq_cascade, drafter="model", summary="SeqCascade [Chow] (eq. 1)",
     params=(Param("alpha", 0.0, traced=True, help=ALPHA.help,
-                  check=lambda alpha, params: checks.check_range("alpha (seq_cascade)", alpha, 0.0, 1.0,
-                                                                 hi_closed=False)),)))
+                  bounds=Bounds(0.0, 1.0, hi_closed=False, label="alpha (seq_cascade)")),)))
 register(Method(
     "token_cascade", decode=token_cascade, drafter="model", cache_overhang=lambda p: MAX_DRAFTER_RUN + 2,
     summary=f"TokenCascade (Alg. 2, ≤ {MAX_DRAFTER_RUN} drafter tokens per verifier call)",
-    params=(dataclasses.replace(RULE, default="chow", check=_check_chow_rule,
+    params=(dataclasses.replace(RULE, default="chow", check=_check_chow_rule, choices=("chow", "chow_log"),
                                 help="chow or chow_log (defers on q alone)"), ALPHA)))
 register(Method(
     "oracle_cascade", decode=oracle_cascade, drafter="model",

@@ -29,7 +29,7 @@ from specdec import checks, rng, targets, verify
 from specdec import sampling as sampling_lib
 from specdec.decoding import common, speculative
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, observe_chunk
-from specdec.decoding.methods import GAMMA, Method, Param, register
+from specdec.decoding.methods import GAMMA, Bounds, Method, Param, count_bounds, register
 from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback
 
 Array = jax.Array
@@ -301,12 +301,6 @@ def cs_drafting(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
                                  cache_length=cache_length)
 
 
-def _check_model_drafts(value, params) -> None:
-  if value is not None:
-    checks.check_count("model_drafts (positions of a block the model drafts; None: all gamma)", value, 0,
-                       params["gamma"])
-
-
 def _uses_max_gram(params) -> bool:
   model_drafts = params["gamma"] if params["model_drafts"] is None else params["model_drafts"]
   return model_drafts < params["gamma"] or params["lower_gamma"] > 0
@@ -320,17 +314,16 @@ register(Method(
             "matches of ≥ gate tokens (0: always)",
     params=(
         GAMMA,
-        Param("model_drafts", None, traced=False, check=_check_model_drafts, type=int,
+        Param("model_drafts", None, traced=False, type=int,
+              bounds=count_bounds(0, "gamma", "model_drafts (positions of a block the model drafts; None: all gamma)"),
               help="positions of a block the model drafts, in [0, gamma] (default: all gamma; 0: Max-Gram alone)"),
         Param("lower_gamma", 4, traced=False, used=lambda p: p["model_drafts"] != 0,
-              check=lambda value, params: checks.check_count("lower_gamma (Max-Gram drafts per model call; 0: "
-                                                             "the model drafts alone)", value, 0),
+              bounds=count_bounds(0, label="lower_gamma (Max-Gram drafts per model call; 0: the model drafts alone)"),
               help="Max-Gram drafts per model call, an int >= 0 (0: the model drafts alone)"),
         Param("lenience", 1.0, traced=True, used=lambda p: p["model_drafts"] != 0 and p["lower_gamma"] > 0,
-              check=lambda value, params: checks.check_range("lenience", value, 1.0, math.inf, hi_closed=False),
+              bounds=Bounds(1.0, math.inf, hi_closed=False),
               help="the model's lenience reviewing Max-Gram's drafts, >= 1 (1: exact)"),
         Param("gate", 0, traced=False, used=lambda p: p["gate"] != 0 and _uses_max_gram(p),
-              check=lambda value, params: checks.check_count("gate (shortest suffix match Max-Gram drafts on)",
-                                                             value, 0, MaxGram.max_match),
+              bounds=count_bounds(0, MaxGram.max_match, "gate (shortest suffix match Max-Gram drafts on)"),
               help=f"Max-Gram drafts only where the text's longest suffix match is >= gate tokens, in "
                    f"[0, {MaxGram.max_match}] (0: always)"))))

@@ -40,7 +40,7 @@ from flax import struct
 
 from specdec import rng
 from specdec import sampling as sampling_lib
-from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback
+from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback, scores_trees
 
 Array = jax.Array
 
@@ -129,6 +129,14 @@ class Drafter:
       raise NotImplementedError(f"{type(self).__name__} left drafts pending but cannot catch up on them")
     return draft
 
+  # Whether it can draft K copies of each row and keep one (`keep_copy`): the multi-draft methods.
+  keeps_copies: bool = False
+
+  def keep_copy(self, state: Any, source_rows: Array, start: Array, width: int) -> Any:
+    """The state where each row r takes row source_rows[r]'s entries at its positions start[r] …
+    start[r] + width − 1 (a kept draft's, multi-draft: `multi_draft.IIDDrafts`) [B·K]."""
+    raise NotImplementedError(f"{type(self).__name__} cannot keep one of K drafts")
+
 
 @struct.dataclass
 class _DraftCarry:
@@ -176,6 +184,14 @@ class ModelDrafter(Drafter):
   @property
   def encoder_decoder(self) -> bool:
     return is_encoder_decoder(self.model)
+
+  @property
+  def keeps_copies(self) -> bool:
+    return scores_trees(self.model) and self.head is None and self.bonus_q
+
+  def keep_copy(self, state: Cache, source_rows: Array, start: Array, width: int) -> Cache:
+    slots = start[:, None] + jnp.arange(width)
+    return self.model.copy_slots(state, source_rows, slots, slots)
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Cache, Array]:
     last, cache = prefill(self.model, self.model.init_cache(prompts.shape[0], cache_length), prompts,

@@ -77,6 +77,15 @@ class FeatureDrafter(Drafter):
     feature = jnp.zeros((batch, self.head.config.emb_dim), jnp.float32)
     return FeatureState(cache=self.head.init_cache(batch, cache_length), feature=feature), last
 
+  @property
+  def keeps_copies(self) -> bool:
+    return True
+
+  def keep_copy(self, state: FeatureState, source_rows: Array, start: Array, width: int) -> FeatureState:
+    """As it is: `verified` drops every drafted entry and re-reads the kept path from the verifier's own
+    features, so no copy's drafted entries are kept."""
+    return state
+
   def rollback(self, state: FeatureState, lengths: Array) -> FeatureState:
     """Keeps the head's entries of the first lengths[b] − 1 positions (position 0 has no pair)."""
     return state.replace(cache=rollback(state.cache, jnp.maximum(jnp.asarray(lengths, jnp.int32) - 1, 0)))

@@ -14,6 +14,7 @@ Pareto tables all read `METHODS`; each method is one `register(Method(...))` nex
 from __future__ import annotations
 
 import dataclasses
+import math
 import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,19 +34,74 @@ def _python_scalar(value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
+class Bounds:
+  """A parameter's allowed values as data: the interval from `lo` to `hi` (closed ends unless
+  `lo_closed` / `hi_closed` is False; `hi` may name another parameter, whose value bounds it), integers
+  only where `integer`. `label`: the name errors give the parameter. The command line reads them (as
+  `as_dict`, in specdec/cli/registry.json) to check values before JAX is imported."""
+  lo: float
+  hi: float | str = math.inf
+  lo_closed: bool = True
+  hi_closed: bool = True
+  integer: bool = False
+  label: str = ""
+
+  def check(self, name: str, value: Any, params: Mapping[str, Any]) -> None:
+    """Raises ValueError naming the parameter and the interval unless `value` lies in it."""
+    hi = params[self.hi] if isinstance(self.hi, str) else self.hi
+    label = self.label or name
+    if self.integer:
+      checks.check_count(label, value, int(self.lo), hi)
+    else:
+      checks.check_range(label, value, self.lo, hi, lo_closed=self.lo_closed, hi_closed=self.hi_closed)
+
+  def as_dict(self) -> dict[str, Any]:
+    hi = self.hi if isinstance(self.hi, str) or math.isfinite(self.hi) else "inf"
+    return {"lo": self.lo, "hi": hi, "lo_closed": self.lo_closed, "hi_closed": self.hi_closed,
+            "integer": self.integer, "label": self.label}
+
+
+@dataclasses.dataclass(frozen=True)
 class Param:
-  """A method parameter. `check(value, params)` raises ValueError naming the parameter and its allowed
-  range (`params`: every parameter of the call, e.g. α's range depends on the rule). `used(params)` says
+  """A method parameter. `validate(value, params)` raises ValueError naming the parameter and its allowed
+  range (`params`: every parameter of the call, e.g. α's range depends on the rule): it calls `check` where
+  one is given, else it checks `bounds`, the allowed values as data — `Bounds`, or {value of the parameter `bounds_by`: Bounds}, as α's
+  bounds depend on the rule — and `choices`, the allowed values of a string parameter. `used(params)` says
   whether the value changes the run (a sweep stores None where it does not, so equal runs hash equally).
   `help`: its meaning and allowed range (command-line help, docs/methods.md); `type`: its values' type
-  where the default is None."""
+  where the default is None (a None value then means the default and is not checked)."""
   name: str
   default: Any
   traced: bool
-  check: Callable[[Any, Mapping[str, Any]], None]
+  check: Callable[[Any, Mapping[str, Any]], None] | None = None
   used: Callable[[Mapping[str, Any]], bool] = _always
   help: str = ""
   type: type | None = None
+  bounds: Bounds | Mapping[str, Bounds] | None = None
+  bounds_by: str | None = None
+  choices: tuple[str, ...] | None = None
+
+  def bounds_for(self, params: Mapping[str, Any]) -> Bounds | None:
+    """The bounds that apply given the other parameters' values."""
+    if self.bounds_by is None:
+      return self.bounds
+    if params[self.bounds_by] not in self.bounds:
+      raise ValueError(f"{self.name} has no range for {self.bounds_by}={params[self.bounds_by]!r} (one of "
+                       f"{', '.join(map(str, self.bounds))})")
+    return self.bounds[params[self.bounds_by]]
+
+  def validate(self, value: Any, params: Mapping[str, Any]) -> None:
+    """`check(value, params)` if the parameter has one, else its `choices` and `bounds`."""
+    (self.check or self._check)(value, params)
+
+  def _check(self, value: Any, params: Mapping[str, Any]) -> None:
+    if value is None and self.default is None:
+      return
+    if self.choices is not None and value not in self.choices:
+      raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}; got {value!r}")
+    bounds = self.bounds_for(params)
+    if bounds is not None:
+      bounds.check(self.name, value, params)
 
   @property
   def value_type(self) -> type:
@@ -85,7 +141,7 @@ class Method:
                        f"{', '.join(p.name for p in self.params) or 'none'}")
     values = {p.name: _python_scalar(given.get(p.name, p.default)) for p in self.params}
     for p in self.params:
-      p.check(values[p.name], values)
+      p.validate(values[p.name], values)
     return values
 
   def static(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -142,19 +198,24 @@ def all_param_names() -> list[str]:
 
 # --- parameters several built-in methods share ----------------------------------------------------------------
 
-def _check_rule(rule, params) -> None:
-  targets.check_rule(rule)
+def alpha_bounds(rule: str) -> Bounds:
+  """α's bounds under `rule` (`targets.alpha_range`)."""
+  lo, hi, label = targets.alpha_range(rule)
+  return Bounds(lo, hi, hi_closed=False, label=label)
 
 
-def _check_alpha(alpha, params) -> None:
-  targets.check_alpha(params["rule"], alpha)
+def count_bounds(lo: int, hi: float | str = math.inf, label: str = "") -> Bounds:
+  """An integer parameter in [lo, hi]."""
+  return Bounds(lo, hi, integer=True, label=label)
 
 
-RULE = Param("rule", "spec", traced=False, check=_check_rule,
+RULE = Param("rule", "spec", traced=False, check=lambda rule, params: targets.check_rule(rule), choices=targets.RULES,
              help=f"the target rule T(q, p): one of {', '.join(targets.RULES)}")
-ALPHA = Param("alpha", 0.0, traced=True, check=_check_alpha,
+ALPHA = Param("alpha", 0.0, traced=True, bounds={rule: alpha_bounds(rule) for rule in targets.RULES},
+              bounds_by="rule",
               help="the deferral trade-off α: [0, 1) for probability-scale rules, [0, inf) nats for the *_log "
                    "rules and bild")
 GAMMA = Param("gamma", 5, traced=False, check=lambda gamma, params: checks.check_gamma(gamma),
+              bounds=count_bounds(1, label="gamma (the number of draft tokens per block)"),
               help="draft tokens per block γ, an int >= 1")
 

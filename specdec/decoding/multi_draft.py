@@ -3,7 +3,8 @@
 One block, shared by both methods:
 
   1. `IIDDrafts` draws K drafts of γ tokens, i.i.d. given the prefix (SpecTr Alg. 5's draft set): the
-     drafter's cache holds K copies of every row, so each position is ONE batched call over [B·K] rows;
+     drafter's state holds K copies of every row, so each position is ONE batched call over [B·K] rows
+     (the drafter: a model that scores trees, or a feature drafter, `Drafter.keeps_copies`);
   2. the drafts' prefix tree (`tree.build_tree`, shared prefixes deduplicated) is scored by the verifier
      in ONE call with tree attention: p at every draft prefix — only as many nodes as the largest tree of
      the batch holds, from a few static widths (at T = 0 the K drafts coincide and the tree is one chain
@@ -15,28 +16,31 @@ One block, shared by both methods:
      at T = 0 both keep the longest draft prefix that matches the verifier's argmaxes
      (`tree.verify_tree_greedy`), and at K = 1 both are speculative sampling (`verify.verify_block`, so
      K = 1 gives `speculative`'s tokens for the same key);
-  4. both caches keep the chosen path: the verifier's tree entries are compacted onto consecutive slots
-     and the drafter's K copies take the chosen copy's entries (`copy_slots`), then both roll back.
+  4. both keep the chosen path: the verifier's tree entries are compacted onto consecutive slots and the
+     drafter's K copies take the chosen copy's (`Drafter.keep_copy`: a model's `copy_slots`; a feature
+     drafter re-reads the path from the verifier's hidden states along it), then both roll back.
 
 Every method is lossless: the output follows S(p), the verifier's sampling law.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec import checks, rng
+from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec import spectr as spectr_lib
 from specdec import tree as tree_lib
 from specdec import verify
 from specdec.decoding import common
-from specdec.decoding.drafters import Draft, ModelDrafter
-from specdec.decoding.methods import GAMMA, Method, Param, register
+from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, Verified, as_drafter
+from specdec.decoding.methods import GAMMA, Method, Param, count_bounds, register
 from specdec.decoding.speculative import PairState, commit
-from specdec.models.base import Cache, Model, rollback, scores_trees
+from specdec.models.base import Model, scores_trees
 
 Array = jax.Array
 
@@ -50,52 +54,57 @@ class DraftSet:
   tokens: Array
   q: Array
   calls: Array
-  state: Cache
+  state: Any
 
 
 @struct.dataclass
 class IIDDrafts:
-  """K i.i.d. drafts from one model: its cache rows are replicated K times (row b·K + k is copy k of row b,
-  as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently. It answers
+  """K i.i.d. drafts from one drafter: its state's rows are replicated K times (row b·K + k is copy k of row
+  b, as t5x's `flat_batch_beam_expand` lays out beams) and every copy samples independently. It answers
   start / propose / rollback / verified like a `Drafter`, but `propose` gives a `DraftSet` (K drafts per row):
-  it is the multi-draft loop's own, not a drafter for the other methods."""
-  model: Model
+  it is the multi-draft loop's own, not a drafter for the other methods. The drafter is a model's
+  (`ModelDrafter`: the kept copy's cache entries are copied to the others) or any drafter that
+  `keeps_copies` (a feature drafter re-reads the kept path from the verifier's features)."""
+  drafter: Drafter
   num_drafts: int = struct.field(pytree_node=False)
-  reads_verifier = False      # a class attribute: the model drafts from its own cache
 
-  def verified(self, state: Cache, block) -> Cache:
-    return self.rollback(state, block.lengths)
+  @property
+  def reads_verifier(self) -> bool:
+    return self.drafter.reads_verifier
+
+  def verified(self, state: Any, block: Verified) -> Any:
+    """Every copy of row b reads row b's verified block."""
+    return self.drafter.verified(state, jax.tree.map(self._expand, block))
 
   def _expand(self, x: Array) -> Array:
     return jnp.repeat(x, self.num_drafts, axis=0)
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Cache, Array]:
-    """The drafter's cache for [B·K] rows after the prompts, and each row's pending token [B]."""
-    cache, last = ModelDrafter(self.model).start(self._expand(prompts), self._expand(prompt_lengths),
-                                                 cache_length)
-    return cache, last[::self.num_drafts]
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Any, Array]:
+    """The drafter's state for [B·K] rows after the prompts, and each row's pending token [B]."""
+    state, last = self.drafter.start(self._expand(prompts), self._expand(prompt_lengths), cache_length)
+    return state, last[::self.num_drafts]
 
-  def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling
+  def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling
               ) -> DraftSet:
-    """K drafts of γ tokens after `last` [B] (`key`: one per row [B]): γ+1 calls over [B·K] rows (the last
-    one scores d_γ, so the cache covers a fully accepted draft). Unlike `speculative`, the call on d_γ is
-    made in every block: a call after selection, only where a whole draft was kept, put a `lax.cond` around
-    the [B·K] cache update, and XLA copied the cache in its branches."""
+    """K drafts of γ tokens after `last` [B] (`key`: one per row [B]), and S(q) at their γ + 1 positions
+    (a model drafter: γ+1 calls over [B·K] rows, the last one scores d_γ, so the cache covers a fully
+    accepted draft). Unlike `speculative`, the call on d_γ is made in every block: a call after selection,
+    only where a whole draft was kept, put a `lax.cond` around the [B·K] cache update, and XLA copied the
+    cache in its branches."""
     # Copies draw from keys derived from their row's key alone (`rng.expand`); with K = 1, as `speculative`.
-    drafted = ModelDrafter(self.model).propose(rng.expand(key, self.num_drafts), state, self._expand(last),
-                                               max_drafts=max_drafts, sampling=sampling)
+    drafted = self.drafter.propose(rng.expand(key, self.num_drafts), state, self._expand(last),
+                                   max_drafts=max_drafts, sampling=sampling)
     batch, k, gamma = last.shape[0], self.num_drafts, max_drafts
     return DraftSet(tokens=drafted.tokens.reshape(batch, k, gamma),
                     q=drafted.q.reshape(batch, k, gamma + 1, -1), calls=drafted.calls[::k], state=drafted.state)
 
-  def keep(self, state: Cache, draft_index: Array, start: Array, width: int) -> Cache:
-    """Every copy of row b takes copy draft_index[b]'s entries at slots start[b] … start[b] + width − 1."""
+  def keep(self, state: Any, draft_index: Array, start: Array, width: int) -> Any:
+    """Every copy of row b takes copy draft_index[b]'s entries at positions start[b] … start[b] + width − 1."""
     source = self._expand(jnp.arange(draft_index.shape[0]) * self.num_drafts + draft_index)
-    slots = self._expand(start)[:, None] + jnp.arange(width)
-    return self.model.copy_slots(state, source, slots, slots)
+    return self.drafter.keep_copy(state, source, self._expand(start), width)
 
-  def rollback(self, state: Cache, lengths: Array) -> Cache:
-    return rollback(state, self._expand(lengths))
+  def rollback(self, state: Any, lengths: Array) -> Any:
+    return self.drafter.rollback(state, self._expand(lengths))
 
 
 def _select(rule: str, key: Array, drafts: DraftSet, p: Array, temperature: Array) -> tuple[Array, Array, Array]:
@@ -114,17 +123,22 @@ def _select(rule: str, key: Array, drafts: DraftSet, p: Array, temperature: Arra
   return jax.lax.cond(temperature <= 0.0, lambda _: tree_lib.verify_tree_greedy(tokens, p), sampled, None)
 
 
-def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
+def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, rule: str, num_drafts: int, gamma: int, max_new_tokens: int,
                 eos_id: int | None, cache_length: int) -> common.Output:
   """Multi-draft speculative decoding (module docstring) with selection `rule` ∈ SELECTION_RULES: K =
   `num_drafts` drafts of γ = `gamma` tokens (SpecTr's L) per block, one verifier call on their tree."""
   if rule not in SELECTION_RULES:
     raise ValueError(f"multi-draft selection rule must be one of {SELECTION_RULES}; got {rule!r}")
-  for name, model in (("drafter", drafter), ("verifier", verifier)):
-    if not scores_trees(model):
-      raise ValueError(f"method {rule!r} needs a {name} that scores token trees and keeps one path "
-                       f"(`copy_slots`, models.base); {type(model).__name__} has none")
+  drafter = as_drafter(drafter)
+  if not scores_trees(verifier):
+    raise ValueError(f"method {rule!r} needs a verifier that scores token trees and keeps one path "
+                     f"(`copy_slots`, models.base); {type(verifier).__name__} has none")
+  if not drafter.keeps_copies:
+    what = type(drafter.model if isinstance(drafter, ModelDrafter) else drafter).__name__
+    raise ValueError(f"method {rule!r} needs a drafter that drafts K copies of a row and keeps one: a model that "
+                     f"scores token trees (`copy_slots`, models.base; no acceptance head) or a feature drafter; "
+                     f"{what} is neither")
   drafts_of = IIDDrafts(drafter, num_drafts)
   batch, rows = prompts.shape[0], jnp.arange(prompts.shape[0])
   # Tree widths to choose from: one chain, then trees of 2, 4, … drafts' worth of distinct nodes.
@@ -136,14 +150,17 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
     start = state.verifier_cache.lengths
     tree = tree_lib.build_tree(drafts.tokens, state.last, start)
     needed = jnp.where(done, 1, tree.n_nodes)
-    logits, verifier_cache, _ = common.score_prefix(verifier, state.verifier_cache, tree.tokens, needed, widths,
-                                                    positions=tree.positions, tree_mask=tree.attention_mask)
+    logits, verifier_cache, _, *hidden = common.score_prefix(
+        verifier, state.verifier_cache, tree.tokens, needed, widths, positions=tree.positions,
+        tree_mask=tree.attention_mask, return_hidden=drafts_of.reads_verifier)
     _, p = sampling.distributions(tree_lib.gather_nodes(logits, tree))            # [B, K, γ+1, V]
     n_accepted, draft_index, next_token = _select(rule, key_select, drafts, p, sampling.temperature)
     failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafts.q)
     draft_index = jnp.maximum(draft_index, 0)
     # The chosen path's tree entries move to consecutive slots; the drafter's copies take the chosen one.
     path = tree.node_of[rows, draft_index]                                         # [B, γ+1]
+    # A drafter reading the verifier gets its hidden states along the kept path (the verified block).
+    path_hidden = hidden[0][rows[:, None], path] if hidden else None
     verifier_cache = verifier.copy_slots(verifier_cache, rows, start[:, None] + path,
                                          start[:, None] + jnp.arange(gamma + 1))
     chosen_q, chosen_p = drafts.q[rows, draft_index], p[rows, draft_index]
@@ -153,7 +170,7 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
     deferred = jnp.any(jnp.abs(chosen_p - chosen_q) > 1e-6, axis=-1)               # π = p ≠ q
     scored = common.covering_width(needed, widths, tree.tokens.shape[1])
     new_state, emission = commit(state, key, drafts_of, chosen, verifier_cache, n_accepted, next_token,
-                                 deferred, failed, done, scored)
+                                 deferred, failed, done, scored, hidden=path_hidden)
     # `drafted` counts all K·γ draft tokens; a block is rejected when the kept path is shorter than γ.
     rejected = (jnp.maximum(n_accepted, 0) < gamma).astype(jnp.int32)
     return new_state, emission.replace(counters={**emission.counters, "rejected": rejected})
@@ -163,20 +180,19 @@ def multi_draft(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   return output
 
 
-def spectr(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, **kw
+def spectr(key: Array, drafter: Model | Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, **kw
            ) -> common.Output:
   """SpecTr: K i.i.d. drafts, DraftSelection with K-SEQ (Sun et al., Alg. 3 + Alg. 2)."""
   return multi_draft(key, drafter, verifier, prompts, prompt_lengths, rule="spectr", **kw)
 
 
-def specinfer(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, **kw
+def specinfer(key: Array, drafter: Model | Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, **kw
               ) -> common.Output:
   """SpecInfer: K i.i.d. drafts as a token tree, verified by iterative speculative sampling."""
   return multi_draft(key, drafter, verifier, prompts, prompt_lengths, rule="specinfer", **kw)
 
 
-NUM_DRAFTS = Param("num_drafts", 4, traced=False,
-                   check=lambda value, params: checks.check_count("num_drafts (K drafts per block)", value, 1),
+NUM_DRAFTS = Param("num_drafts", 4, traced=False, bounds=count_bounds(1, label="num_drafts (K drafts per block)"),
                    help="K i.i.d. drafts per block, an int >= 1")
 
 
@@ -184,9 +200,9 @@ def _tree_overhang(params) -> int:   # the verifier writes the whole tree, 1 + K
   return params["num_drafts"] * params["gamma"] + 1
 
 
-register(Method("spectr", decode=spectr, drafter="model", cache_overhang=_tree_overhang, params=(NUM_DRAFTS, GAMMA),
+register(Method("spectr", decode=spectr, drafter="any", cache_overhang=_tree_overhang, params=(NUM_DRAFTS, GAMMA),
                 summary="SpecTr (lossless): K i.i.d. drafts of γ tokens, their token tree scored in one verifier "
                         "call, DraftSelection with K-SEQ"))
-register(Method("specinfer", decode=specinfer, drafter="model", cache_overhang=_tree_overhang,
+register(Method("specinfer", decode=specinfer, drafter="any", cache_overhang=_tree_overhang,
                 params=(NUM_DRAFTS, GAMMA),
                 summary="the same block verified by SpecInfer's iterative speculative sampling over the tree"))

@@ -20,11 +20,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec import sampling as sampling_lib
-from specdec import checks, rng, targets, verify
+from specdec import rng, targets, verify
 from specdec.decoding import common
 from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, Verified
 from specdec.decoding.feature_drafter import FeatureDrafter
-from specdec.decoding.methods import ALPHA, GAMMA, RULE, Method, Param, register
+from specdec.decoding.methods import ALPHA, GAMMA, RULE, Bounds, Method, Param, alpha_bounds, count_bounds, register
 from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
@@ -230,10 +230,8 @@ register(Method(
     "bild", decode=bild, cache_overhang=block_overhang,
     summary="the original BiLD: the drafter drafts while max q ≥ 1 − fallback_alpha, at most γ tokens; "
             "deterministic rollback where D(q, p) > alpha",
-    params=(Param("alpha", 0.0, traced=True, check=lambda alpha, params: targets.check_alpha("bild", alpha),
-                  help=ALPHA.help),
-            Param("fallback_alpha", 0.5, traced=True,
-                  check=lambda value, params: checks.check_range("fallback_alpha", value, 0.0, 1.0),
+    params=(Param("alpha", 0.0, traced=True, bounds=alpha_bounds("bild"), help=ALPHA.help),
+            Param("fallback_alpha", 0.5, traced=True, bounds=Bounds(0.0, 1.0),
                   help="BiLD's fallback: the drafter hands over while max q < 1 − fallback_alpha, in [0, 1]"),
             GAMMA)))
 register(Method(
@@ -242,9 +240,7 @@ register(Method(
             "acceptance head predicts P(some draft rejected) > stop_threshold",
     export_parts=("acceptance_head",),
     make_drafter=lambda model, acceptance_head: ModelDrafter(model, head=acceptance_head),
-    params=(Param("stop_threshold", 0.5, traced=True,
-                  check=lambda value, params: checks.check_range("stop_threshold", value, 0.0, 1.0),
+    params=(Param("stop_threshold", 0.5, traced=True, bounds=Bounds(0.0, 1.0),
                   help="the head stops a block once P(some draft rejected) > stop_threshold, in [0, 1]"),
-            Param("max_gamma", 8, traced=False,
-                  check=lambda value, params: checks.check_count("max_gamma", value, 1),
+            Param("max_gamma", 8, traced=False, bounds=count_bounds(1),
                   help="the most drafts per block, an int >= 1"))))

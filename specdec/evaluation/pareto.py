@@ -389,6 +389,10 @@ def _plot_groups(groups: Sequence[Group], path: str | os.PathLike, cost, cost_la
           ax.errorbar([record["relative_latency"]], [record["quality"]],
                       yerr=_error([record], "quality", [record["quality"]]), fmt=marker, markersize=9,
                       color="black", label=name, zorder=3)
+    low, high = ax.dataLim.intervaly
+    if high - low < 1e-9 * max(1.0, abs(high)):   # one quality for all (0 on random models): a readable axis,
+      pad = max(0.05, 0.05 * abs(high))           # not matplotlib's 1e-17 wide one
+      ax.set_ylim(low - pad, high + pad)
     ax.set_title(textwrap.fill(group.title, 80), fontsize=9)   # long pair names would run off the panel
     ax.set_xlabel(cost_label)
     ax.set_ylabel(METRIC_NAMES.get(group.metric, group.metric))

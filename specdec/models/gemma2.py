@@ -250,6 +250,25 @@ class Gemma2(base.DecoderOnly):
   def _apply(self, *args) -> tuple[Array, Any, Array]:
     return Gemma2Network(self.config).apply({"params": self.params}, *args)
 
+  # What a feature drafter reads (`decoding.feature_drafter`): the tied embedding, as the network uses it.
+  @property
+  def hidden_size(self) -> int:
+    return self.config.embed_dim
+
+  def output_table(self) -> Array:
+    """The output layer's [V, E] table (the tied input embedding)."""
+    return self.params["embedder"]["input_embedding"]
+
+  def token_embeddings(self, tokens: Array) -> Array:
+    """The network's input of tokens [B, n] -> [B, n, E]: the embedding scaled by √E."""
+    return jnp.take(self.output_table(), tokens, axis=0).astype(jnp.float32) * math.sqrt(self.config.embed_dim)
+
+  def output_logits(self, hidden: Array) -> Array:
+    """Soft-capped next-token logits [B, n, V] of last hidden states [B, n, E] (after the final norm), as
+    `score` computes them from its own."""
+    logits = jnp.einsum("bne,ve->bnv", hidden.astype(jnp.float32), self.output_table().astype(jnp.float32))
+    return partitioning.gather_vocab(soft_cap(logits, self.config.final_logit_softcap))
+
   def logits(self, tokens: Array, *, return_hidden: bool = False) -> Array | tuple[Array, Array]:
     """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1 (and with `return_hidden`
     the last hidden states [B, L, E])."""

@@ -5,6 +5,10 @@ method declares (`decoding.Method.export_parts`), read here and put together by 
   drafter = drafter_for(decoding.METHODS["specdec_pp"], model, parts)
 
 The command line and the sweeps build every method's drafter this way, so neither names a method.
+
+A drafter's directory is a model export (or a save_pretrained directory), or a feature drafter's: a
+feature_head/ alone (`training.feature_head.save_head`), a head that drafts from the verifier's own hidden
+states (`load_drafter`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 
 from specdec.decoding import Drafter, Method
 from specdec.models.base import Model
-from specdec.training import acceptance
+from specdec.decoding.feature_drafter import FeatureDrafter, check_pair
+from specdec.training import acceptance, convert, feature_head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,3 +69,22 @@ def drafter_for(method: Method, model: Model | None, parts: Mapping[str, Any]) -
     raise ValueError(f"method {method.name!r} needs the drafter's {PARTS[missing[0]].what} ({missing[0]}/ in "
                      f"its export directory; make one with {PARTS[missing[0]].how})")
   return method.make_drafter(model, **{name: parts[name] for name in method.export_parts})
+
+
+def is_feature_head(directory: str) -> bool:
+  """Whether `directory` is a feature drafter's: a feature_head/ and no model of its own."""
+  return (os.path.isfile(os.path.join(directory, feature_head.HEAD_DIRECTORY, feature_head.HEAD_JSON))
+          and not any(os.path.exists(os.path.join(directory, name)) for name in ("model.json", "config.json")))
+
+
+def load_drafter(directory: str, verifier: Model) -> Model | Drafter:
+  """The drafter exported in `directory`: a feature drafter over `verifier` (`is_feature_head`; ValueError
+  naming both where the head was trained for another verifier), else the model (`convert.load_any`)."""
+  if is_feature_head(directory):
+    head = feature_head.load_head(directory)
+    try:
+      check_pair(head, verifier)
+    except ValueError as e:
+      raise ValueError(f"{directory}: {e}") from None
+    return FeatureDrafter(head, verifier)
+  return convert.load_any(directory)

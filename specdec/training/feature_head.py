@@ -12,6 +12,9 @@ verifier's parameters never change.
 
   head, record = train(verifier, batches, steps=…, learning_rate=…)
   save_head(directory, head, record); load_head(directory)
+
+`train_and_save` is the whole recipe on the local Debian tasks' text (`specdec-train` with
+configs/train/debian_feature_head.gin).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,12 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specdec.data import tasks
 from specdec.models.feature_head import FeatureHead, FeatureHeadConfig, init, init_from_config
 from specdec.training.train import TrainState, apply_gradients, make_optimizer
 
 Array = jax.Array
 HEAD_DIRECTORY = "feature_head"
-_HEAD_JSON = "head.json"
+HEAD_JSON = "head.json"
 # EAGLE §3.2: L = L_reg + w_cls · L_cls, w_cls = 0.1; input-feature noise U(−0.1, 0.1).
 REGRESSION_WEIGHT, CLASSIFICATION_WEIGHT, NOISE = 1.0, 0.1, 0.1
 
@@ -123,30 +129,63 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
 
 
 def save_head(directory: str, head: FeatureHead, record: dict[str, Any] | None = None) -> str:
-  """Writes directory/feature_head/ (a new directory): the parameters (orbax), then head.json (config and
-  training record), which marks a complete head. Returns the path."""
+  """Writes directory/feature_head/ (a new directory): the parameters (orbax) and head.json (config and
+  training record), into a temporary folder beside it renamed into place once complete, so an interrupted
+  save leaves nothing that blocks the next. Returns the path."""
   path = os.path.join(os.path.abspath(directory), HEAD_DIRECTORY)
   if os.path.exists(path):
     raise FileExistsError(f"{path} exists; save_head writes a new directory")
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.join(path, "params"), jax.device_get(head.params))
-    checkpointer.wait_until_finished()
-  config = dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name}
-  with open(os.path.join(path, _HEAD_JSON), "w") as f:
-    json.dump({"config": config, "training": record or {}}, f, indent=1)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f".{HEAD_DIRECTORY}-", dir=os.path.dirname(path))
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(os.path.join(staging, "params"), jax.device_get(head.params))
+      checkpointer.wait_until_finished()
+    config = dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name}
+    with open(os.path.join(staging, HEAD_JSON), "w") as f:
+      json.dump({"config": config, "training": record or {}}, f, indent=1)
+    os.rename(staging, path)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
   return path
 
 
 def load_head(directory: str) -> FeatureHead:
   """The head `save_head` wrote under directory/feature_head/ (FileNotFoundError naming the path if none)."""
   path = os.path.join(os.path.abspath(directory), HEAD_DIRECTORY)
-  if not os.path.isfile(os.path.join(path, _HEAD_JSON)):
-    raise FileNotFoundError(f"no feature head in {directory} (expected {path}/{_HEAD_JSON}; train one with "
-                            "scripts/train_feature_head.py)")
-  with open(os.path.join(path, _HEAD_JSON)) as f:
+  if not os.path.isfile(os.path.join(path, HEAD_JSON)):
+    raise FileNotFoundError(f"no feature head in {directory} (expected {path}/{HEAD_JSON}; train one with "
+                            "specdec-train --gin_file=configs/train/debian_feature_head.gin)")
+  with open(os.path.join(path, HEAD_JSON)) as f:
     config = json.load(f)["config"]
   config = FeatureHeadConfig(**(config | {"dtype": jnp.dtype(config["dtype"])}))
   abstract = jax.eval_shape(lambda key: init_from_config(config, key), jax.random.PRNGKey(0))
   with ocp.StandardCheckpointer() as checkpointer:
     params = checkpointer.restore(os.path.join(path, "params"), abstract.params)
   return FeatureHead(params=jax.tree.map(jnp.asarray, params), config=config)
+
+
+def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,
+                   learning_rate: float = 1e-3, seed: int = 0, eval_batches: int = 20, source: str = "auto",
+                   command: str = "", log=print) -> str:
+  """The recipe: a head for the verifier exported in `verifier` (`checkpoint.load_model`), trained on the
+  local Debian tasks' training text (`tasks.prefix_lm_batches`: descriptions, synopses, translations; `source`
+  as `debian.load`'s), evaluated on `eval_batches` validation batches, written to `out`/feature_head/ with
+  its training record (settings, losses, top-1 agreement with the verifier, seconds, `command`). Returns
+  the head's path."""
+  from specdec.training.checkpoint import load_model
+  start = time.monotonic()
+  model = load_model(verifier)
+  if os.path.exists(os.path.join(os.path.abspath(out), HEAD_DIRECTORY)):
+    raise FileExistsError(f"{os.path.join(out, HEAD_DIRECTORY)} exists; give another out directory")
+  batches = tasks.prefix_lm_batches("train", batch_size=batch_size, seq_len=seq_len, vocab_size=model.vocab_size,
+                                    seed=seed, length_window=8, source=source)
+  head, record = train(model, batches, steps=steps, learning_rate=learning_rate, seed=seed, log=log)
+  validation = tasks.prefix_lm_batches("validation", batch_size=batch_size, seq_len=seq_len,
+                                       vocab_size=model.vocab_size, seed=0, length_window=8, source=source)
+  record["validation"] = evaluate(head, model, (next(validation) for _ in range(eval_batches)))
+  record.update(verifier=os.path.normpath(verifier), batch_size=batch_size, seq_len=seq_len, command=command,
+                backend=jax.default_backend(), wall_seconds=time.monotonic() - start)
+  path = save_head(out, head, record)
+  log(f"validation: {json.dumps(record['validation'])} -> {path}")
+  return path

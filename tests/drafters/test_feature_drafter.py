@@ -8,6 +8,7 @@ draft is the teacher-forced one.
 """
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -96,25 +97,29 @@ PROMPT = jnp.asarray([[1, 2, 3]], jnp.int32)
 N_NEW, SAMPLES = 3, 100_000
 
 
-def _codes(drafter, verifier, rule, alpha, gamma):
+def _codes(drafter, verifier, rule, alpha, gamma, method="speculative", **params):
   prompts = jnp.broadcast_to(PROMPT, (SAMPLES, PROMPT.shape[1]))
+  rule_params = dict(rule=rule, alpha=alpha) if method == "speculative" else {}
   out = decoding.generate(jax.random.PRNGKey(gamma), drafter, verifier, prompts, jnp.full((SAMPLES,), 3),
-                          method="speculative", rule=rule, alpha=alpha, gamma=gamma, temperature=1.0,
-                          max_new_tokens=N_NEW, eos_id=None)
+                          method=method, gamma=gamma, temperature=1.0, max_new_tokens=N_NEW, eos_id=None,
+                          **rule_params, **params)
   tokens = np.asarray(out.tokens)
   return (tokens * V ** np.arange(N_NEW - 1, -1, -1)).sum(1), out
 
 
-@pytest.mark.parametrize("gamma", [2])
-def test_lossless_rule_keeps_the_verifiers_sequence_law(gamma):
+@pytest.mark.parametrize("method, gamma, params", [("speculative", 2, {}), ("specinfer", 2, {"num_drafts": 3}),
+                                                   ("spectr", 1, {"num_drafts": 2})])
+def test_lossless_rule_keeps_the_verifiers_sequence_law(method, gamma, params):
+  """SpecDecode, and token trees of K i.i.d. feature drafts (each copy re-reads the kept path's real
+  features): the output law is the verifier's."""
   verifier = _verifier()
   drafter = _self_distilled(verifier)
-  codes, out = _codes(drafter, verifier, "spec", 0.0, gamma)
+  codes, out = _codes(drafter, verifier, "spec", 0.0, gamma, method=method, **params)
   seqs = np.array(list(itertools.product(range(V), repeat=N_NEW)))
   full = jnp.asarray(np.concatenate([np.broadcast_to(PROMPT[0], (len(seqs), 3)), seqs], 1))
   p = jax.nn.softmax(verifier.logits(full)[:, 2:2 + N_NEW])
   law = np.take_along_axis(np.asarray(p), seqs[:, :, None], -1)[..., 0].prod(1)
-  assert_law(codes, law / law.sum(), what="feature drafter, spec")
+  assert_law(codes, law / law.sum(), what=f"feature drafter, {method}")
   stats = out.stats
   assert 0 < np.asarray(stats.accepted).sum() < np.asarray(stats.drafted).sum()
 
@@ -154,3 +159,77 @@ def test_a_verifier_without_hidden_state_access_is_named():
   head = feature_head.init(_verifier(), jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match="through token_embeddings, output_logits, output_table, which T5"):
     check_pair(head, t5)
+
+
+def test_one_draft_token_trees_are_speculative_decoding():
+  """K = 1: the tree is the chain, and specinfer's and spectr's tokens are `speculative`'s for the same key
+  (the hidden states handed to the drafter along the kept path are the chain's)."""
+  verifier = _verifier(vocab=16, scale=1.0)
+  drafter = _drafter(verifier, scale=1.0)
+  prompts = jnp.asarray(np.random.default_rng(0).integers(0, 16, (64, 5)), jnp.int32)
+  run = functools.partial(decoding.generate, jax.random.PRNGKey(5), drafter, verifier, prompts, None, gamma=3,
+                          temperature=1.0, max_new_tokens=12, eos_id=None)
+  want = run(method="speculative")
+  for method in ("specinfer", "spectr"):
+    got = run(method=method, num_drafts=1)
+    np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=method)
+    np.testing.assert_array_equal(got.stats.accepted, want.stats.accepted, err_msg=method)
+
+
+def test_every_copy_of_k_drafts_reads_the_kept_paths_real_features():
+  """After a multi-draft block (K copies drafting apart, one path kept), every copy's head state over the
+  committed positions is the one a single feature drafter reaches from the same verified block."""
+  from specdec.decoding.multi_draft import IIDDrafts
+  verifier = _verifier(vocab=16, scale=1.0)
+  drafter = _drafter(verifier, scale=1.0)
+  k, gamma, length = 3, 3, 5
+  prompt, lengths = jnp.asarray([[3, 7, 1, 12, 5], [2, 2, 9, 4, 0]], jnp.int32), jnp.asarray([5, 4])
+  sampling_ = sampling.Sampling(1.0, 1.0).checked()
+  _, cache, hidden = models.base.prefill(verifier, verifier.init_cache(2, 24), prompt, lengths, return_hidden=True)
+  last = prompt[jnp.arange(2), lengths - 1]
+  prefix = Verified(tokens=prompt, count=lengths - 1, next_token=last, lengths=lengths - 1, hidden=hidden)
+  copies, single = IIDDrafts(drafter, k), drafter
+  copies_state = copies.verified(copies.start(prompt, lengths, 24)[0], prefix)
+  single_state = single.verified(single.start(prompt, lengths, 24)[0], prefix)
+  drafts = copies.propose(jax.random.PRNGKey(1), copies_state, last, max_drafts=gamma, sampling=sampling_)
+  single_draft = single.propose(jax.random.PRNGKey(2), single_state, last, max_drafts=gamma, sampling=sampling_)
+  assert not np.all(np.asarray(drafts.tokens[:, 0]) == np.asarray(drafts.tokens[:, 1]))   # copies drafted apart
+  kept, n_accepted = jnp.asarray([2, 1]), jnp.asarray([2, 0])
+  path = jnp.concatenate([last[:, None], drafts.tokens[jnp.arange(2), kept]], axis=1)   # [B, γ + 1]
+  _, _, path_hidden = verifier.score(cache, path, return_hidden=True)
+  next_token = jnp.asarray([6, 11], jnp.int32)
+  count = n_accepted + 1
+  block = Verified(tokens=path, count=count, next_token=next_token, lengths=lengths - 1 + count, hidden=path_hidden)
+  copies_state = copies.verified(copies.keep(drafts.state, kept, lengths - 1, gamma + 1), block)
+  single_state = single.verified(single_draft.state, block)
+  for row in range(2):
+    entries = int(block.lengths[row]) - 1
+    for copy in range(k):
+      np.testing.assert_allclose(copies_state.feature[row * k + copy], single_state.feature[row], atol=1e-6)
+      for name in ("keys", "values"):
+        # one row's [heads, slots, head_dim]: the committed slots
+        got = copies_state.cache.kv[name][0][row * k + copy][:, :entries]
+        np.testing.assert_allclose(got, single_state.cache.kv[name][0][row][:, :entries], atol=1e-5)
+      assert int(copies_state.cache.lengths[row * k + copy]) == entries == int(single_state.cache.lengths[row])
+
+
+@pytest.mark.parametrize("preset", ["tiny", "gemma2_tiny"])
+def test_the_verifiers_accessors_give_its_own_logits_and_inputs(preset):
+  """output_logits of the hidden states `logits` returns are its logits (the transformer and Gemma 2)."""
+  verifier = models.build(preset, vocab_size=32, seed=4, max_length=32)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 32, (2, 7)), jnp.int32)
+  logits, hidden = verifier.logits(tokens, return_hidden=True)
+  np.testing.assert_allclose(verifier.output_logits(hidden), logits, atol=1e-4, rtol=1e-4)
+  assert verifier.token_embeddings(tokens).shape == (2, 7, verifier.hidden_size)
+
+
+def test_greedy_output_with_a_gemma2_verifier_is_its_greedy_output():
+  verifier = models.build("gemma2_tiny", vocab_size=64, seed=2, max_length=32)
+  drafter = _drafter(verifier, scale=1.0)
+  prompts = jnp.asarray(np.random.default_rng(3).integers(0, 64, (4, 6)), jnp.int32)
+  run = functools.partial(decoding.generate, jax.random.PRNGKey(0), verifier=verifier, prompts=prompts,
+                          max_new_tokens=12, temperature=0.0, eos_id=None)
+  want = run(drafter=None, method="autoregressive")
+  got = run(drafter=drafter, method="speculative", gamma=3)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert 0 < int(np.sum(got.stats.drafted))

@@ -54,7 +54,7 @@ def test_drafts_are_iid_samples_of_the_drafter():
   """Each of the K drafts follows the drafter's sequence law, and two drafts of one row are independent."""
   vocab, gamma, samples, prompt = 4, 2, 40_000, np.array([3, 1])
   drafter = PositionalTrigram.random(5, vocab)
-  drafts_of = multi_draft.IIDDrafts(drafter, num_drafts=3)
+  drafts_of = multi_draft.IIDDrafts(decoding.ModelDrafter(drafter), num_drafts=3)
   state, last = drafts_of.start(jnp.broadcast_to(jnp.asarray(prompt), (samples, 2)), jnp.full((samples,), 2), 16)
   drafts = drafts_of.propose(jax.random.PRNGKey(0), state, last, max_drafts=gamma, sampling=sampling.Sampling())
   tokens = np.asarray(drafts.tokens)
