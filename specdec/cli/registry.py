@@ -5,7 +5,7 @@
 
 (tests/cli/test_cli.py keeps it equal to them). With it, `specdec-generate` builds its options and
 `--help`, checks which method takes which parameter and checks each value against its bounds and choices
-(`check_params`, as `Param.check` does), in a fraction of a second.
+(`check_params`, as `Param.validate` does), in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -53,14 +53,13 @@ def _bounds(param) -> Any:
 
 
 def _interval(bounds: dict[str, Any], hi: Any) -> str:
-  shown = "inf" if hi == "inf" else hi
-  return f"{'[' if bounds['lo_closed'] else '('}{bounds['lo']}, {shown}{']' if bounds['hi_closed'] else ')'}"
+  return f"{'[' if bounds['lo_closed'] else '('}{bounds['lo']}, {hi}{']' if bounds['hi_closed'] else ')'}"
 
 
 def check_params(method: str, params: dict[str, Any]) -> None:
   """Raises ValueError, naming the option and its allowed values, for a value of `params` (the method's
   parameters given on the command line; the others take their defaults) outside its choices or bounds:
-  the checks of `decoding.Param.check`, from registry.json, without JAX."""
+  the checks of `decoding.Param.validate`, from registry.json, without JAX."""
   entries = load()["methods"][method]["params"]
   values = {entry["name"]: params.get(entry["name"], entry["default"]) for entry in entries}
   for entry in entries:

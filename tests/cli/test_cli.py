@@ -317,7 +317,7 @@ def test_console_scripts_registry_and_shipped_files_are_found(monkeypatch, tmp_p
 
 
 def test_the_registrys_bounds_check_what_each_parameters_check_checks():
-  """registry.check_params (before JAX) accepts and refuses the values Param.check does, at and beside
+  """registry.check_params (before JAX) accepts and refuses the values Param.validate does, at and beside
   every bound of every parameter of every method, for each rule it takes."""
   from specdec import decoding
   for method in decoding.METHODS.values():
