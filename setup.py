@@ -25,7 +25,7 @@ setup(
     python_requires=">=3.10",
     data_files=_shipped_files("data", "configs"),
     entry_points={"console_scripts": [
-        f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train")]},
+        f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train", "plan")]},
     # What the package imports, and all that `make quickstart` installs; the extras below are for the tests
     # and the seqio tasks only.
     install_requires=[
@@ -49,7 +49,11 @@ setup(
         # torch/transformers: the independent T5 and Gemma 2 implementations the import tests compare with;
         # seqio (with TensorFlow and tfds): the seqio tasks and the few-shot benchmarks on tfds's mock data.
         # torch==2.13.0 is the CPU build on the machines' local index; a bare "torch" pulls CUDA packages.
-        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.45", "seqio>=0.0.20"],
+        # libtpu: TPU programs compiled on this CPU (specdec-plan; Linux x86-64 wheels only, elsewhere its
+        # tests are skipped with the reason).
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.45", "seqio>=0.0.20",
+                 "libtpu; sys_platform == 'linux' and platform_machine == 'x86_64'"],
+        "tpu-plan": ["libtpu; sys_platform == 'linux' and platform_machine == 'x86_64'"],
         # seqio/tfds tasks and the seqio vocabulary adapter (TensorFlow, ~800 MB download)
         "seqio": ["seqio>=0.0.20"],
     },

@@ -110,12 +110,17 @@ class Sizing:
   cache_bytes: int         # both models' KV caches for the batch, whole
   per_chip_bytes: int
   usable_bytes: int
+  compiled: bool = False   # per_chip_bytes from the compiled program (XLA's total), not the estimate
 
   def describe(self) -> str:
     gib = 1 << 30
+    if self.compiled:
+      return (f"mesh {self.mesh} per host at batch {self.batch_size}: the compiled program needs "
+              f"{self.per_chip_bytes / gib:.2f} GiB per chip (weights, KV caches, temporaries, code) of "
+              f"{self.usable_bytes / gib:.0f} GiB")
     return (f"mesh {self.mesh} per host at batch {self.batch_size}: weights {self.weight_bytes / gib:.1f} GiB / "
             f"{self.mesh[1]} + KV caches {self.cache_bytes / gib:.1f} GiB / {self.mesh[0] * self.mesh[1]} = "
-            f"{self.per_chip_bytes / gib:.1f} GiB per chip of {self.usable_bytes / gib:.1f} GiB usable")
+            f"{self.per_chip_bytes / gib:.1f} GiB per chip of {self.usable_bytes / gib:.1f} GiB usable (estimate)")
 
 
 def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int, bytes_per_value: int = 2
@@ -162,6 +167,55 @@ def size_mesh(tpu: str, verifier: str, cache_length: int, batch_size: int, bytes
   return max(fitting, key=lambda c: c.mesh[0])
 
 
+# A host of a generation (chips per host) as a slice `specdec.evaluation.plan.topology` compiles for.
+HOST_TOPOLOGIES = {("v4", 4): "v4-8", ("v5p", 4): "v5p-8", ("v5litepod", 4): "v5e-4", ("v5litepod", 8): "v5e-8"}
+
+
+def host_meshes(per_host: int, max_model: int, batch_size: int) -> list[tuple[int, int]]:
+  """(data, model) meshes of a host's chips whose 'model' axis divides the KV heads and whose 'data' axis
+  divides the batch, the widest 'data' axis first."""
+  return [(per_host // model, model) for model in range(1, per_host + 1)
+          if per_host % model == 0 and max_model % model == 0 and batch_size % (per_host // model) == 0]
+
+
+def compiled_sizing(tpu: str, experiment, verifier: str, batch_size: int,
+                    progress=lambda what: print(f"# compiling {what}", file=sys.stderr, flush=True)) -> Sizing | None:
+  """The host mesh with the widest 'data' axis on which libtpu compiles the sweep's largest decode program
+  within a chip's HBM (`specdec.evaluation.plan`, cached); None without libtpu or for a host it cannot
+  compile for; ValueError naming the fix when no mesh holds it."""
+  import dataclasses as dc
+  from specdec.evaluation import plan as planning
+  generation = tpu.split("-")[0]
+  _, per_host = chips_per_host(tpu)
+  name = HOST_TOPOLOGIES.get((generation, per_host))
+  if planning.libtpu_version() is None or name is None:
+    return None
+  settings = [s for s, _ in planning.sweep_settings(experiment, verifier=f"gemma2_{verifier}", drafter="gemma2_2b",
+                                                    vocab_size=256_000)]
+  setting = dc.replace(max((s for s in settings if s.drafter is not None), key=lambda s: s.gamma),
+                       batch_size=batch_size)
+  weights, cache, max_model = gemma_pair_bytes(verifier, 1, 1)
+  topology = planning.topology(name)
+  meshes = host_meshes(per_host, max_model, batch_size)
+  if not meshes:
+    raise ValueError(f"--batch_size {batch_size} splits over no data axis of a {tpu} host ({per_host} chips; the "
+                     f"'model' axis divides {max_model} KV heads): give a multiple of {per_host // math.gcd(per_host, max_model)}")
+  needs = []
+  for mesh in meshes:
+    if weights // mesh[1] > topology.chip.hbm_bytes:   # the weights alone: no compile needed to refuse it
+      needs.append(f"{mesh}: weights alone {weights / mesh[1] / (1 << 30):.1f} GiB")
+      continue
+    found = planning.decode_memory(setting, topology, mesh, cache=planning.ProgramCache(planning.default_cache_dir()),
+                                   progress=progress)
+    if found["fits"]:
+      return Sizing(mesh, batch_size, weights, 0, found["memory"]["total"], topology.chip.hbm_bytes, compiled=True)
+    needs.append(f"{mesh}: " + (f"{found['required_bytes'] / (1 << 30):.1f} GiB" if found["required_bytes"]
+                                else "refused"))
+  raise ValueError(f"Gemma 2 2B → {verifier.upper()} at batch {batch_size} does not fit a {tpu} host ({per_host} chips "
+                   f"of {topology.chip.hbm_bytes / (1 << 30):.0f} GiB; libtpu per chip: {'; '.join(needs)}): lower "
+                   f"--batch_size (e.g. {max(batch_size // 2, 1)}) or take a chip with more HBM (v5p)")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", type=_config, required=True, help="configs/experiments/paper_t5_<task>.gin")
@@ -173,6 +227,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--verifier", choices=("large", "xl"), default="large", help="the verifier's T5 size")
   parser.add_argument("--batch_size", type=int, default=None,
                       help="Gemma: rows per quality batch on each host (default: the config's)")
+  parser.add_argument("--compile_sizing", action=argparse.BooleanOptionalAction, default=True,
+                      help="Gemma: size the host mesh from the program libtpu compiles (default; minutes per mesh, "
+                           "cached); --no-compile_sizing: from the estimate")
   parser.add_argument("--stage", choices=("all",) + STAGES, default="all")
   parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   return parser.parse_args(argv)
@@ -278,8 +335,9 @@ def gemma_sizing(args: argparse.Namespace) -> Sizing:
   dtypes = {source.dtype or "float32" for source in (experiment.drafter, experiment.verifier)}
   if len(dtypes) != 1:
     raise ValueError(f"the sizing assumes one dtype for both models; the config loads {sorted(dtypes)}")
-  return size_mesh(args.tpu, GEMMA_PATTERN.search(args.config).group(1), cache_length,
-                   args.batch_size or experiment.batch_size, jnp.dtype(dtypes.pop()).itemsize)
+  verifier, batch_size = GEMMA_PATTERN.search(args.config).group(1), args.batch_size or experiment.batch_size
+  compiled = compiled_sizing(args.tpu, experiment, verifier, batch_size) if args.compile_sizing else None
+  return compiled or size_mesh(args.tpu, verifier, cache_length, batch_size, jnp.dtype(dtypes.pop()).itemsize)
 
 
 def main(argv: list[str] | None = None) -> list[Command]:

@@ -31,14 +31,15 @@ class Sampling:
   top_k: int = struct.field(pytree_node=False, default=0)
   top_p_method: str = struct.field(pytree_node=False, default="auto")
 
-  def checked(self) -> "Sampling":
+  def checked(self, platform: str | None = None) -> "Sampling":
     """The same settings as float32 scalars, after the range checks (ValueError naming the parameter), with
-    "auto" resolved for this backend."""
+    "auto" resolved for `platform` (the backend the program is built for: "cpu", "gpu", "tpu"; None: this
+    process's default backend)."""
     checks.check_temperature(self.temperature)
     checks.check_top_p(self.top_p)
     checks.check_top_k(self.top_k)
     return Sampling(jnp.float32(self.temperature), jnp.float32(self.top_p), int(self.top_k),
-                    top_p_method(self.top_p_method))
+                    top_p_method(self.top_p_method, platform))
 
   def transform(self, logits: Array) -> Array:
     """S(logits) [..., V] with these settings (`transform`)."""
@@ -72,19 +73,22 @@ def transform(logits: Array, temperature: float | Array, top_p: float | Array = 
 
 # How the top-p cut is found (one definition, `_top_p`'s exact integer masses): "bisection" (`_top_p.nucleus`,
 # fastest on XLA:CPU, whose sort is slow), "top_k" (`_top_p.nucleus_by_top_k`, no loop: TPU/GPU), or "auto",
-# the one for `jax.default_backend()`.
+# the one for the platform the program is built for (`top_p_method`).
 TOP_P_METHODS = ("auto", "bisection", "top_k")
 
 # The top_k search's candidate set (`_top_p.nucleus_by_top_k`): a larger nucleus takes the exact bisection.
 TOP_K_CANDIDATES = _top_p.TOP_K_CANDIDATES
 
 
-def top_p_method(method: str = "auto") -> str:
-  """The top-p search `method` names ("auto": "bisection" on CPU, "top_k" on TPU/GPU)."""
+def top_p_method(method: str = "auto", platform: str | None = None) -> str:
+  """The top-p search `method` names; "auto": "bisection" for a CPU program, "top_k" for TPU/GPU.
+
+  `platform` is the backend the program is compiled for (a TPU program lowered on a CPU host is a TPU
+  program: `decoding.lower` passes the models' platform); None: this process's default backend."""
   if method not in TOP_P_METHODS:
     raise ValueError(f"top_p_method must be one of {TOP_P_METHODS}; got {method!r}")
   if method == "auto":
-    return "bisection" if jax.default_backend() == "cpu" else "top_k"
+    return "bisection" if (platform or jax.default_backend()) == "cpu" else "top_k"
   return method
 
 

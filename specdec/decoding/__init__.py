@@ -47,9 +47,11 @@ def _int(name: str, value: Any, lo: int) -> int:
   return int(value)
 
 
-def _prompt_arrays(prompts: Any, prompt_lengths: Any) -> tuple[np.ndarray, np.ndarray]:
-  """prompts [B, L] and prompt_lengths [B] as int32 arrays, or a ValueError saying what is wrong."""
-  if not isinstance(prompts, (np.ndarray, jax.Array)):
+def _prompt_arrays(prompts: Any, prompt_lengths: Any) -> tuple[Any, Any]:
+  """prompts [B, L] and prompt_lengths [B] as int32 arrays, or a ValueError saying what is wrong. Shapes
+  alone (`jax.ShapeDtypeStruct`, for `lower`) are kept as they are: prompt_lengths then defaults to
+  shapes too."""
+  if not isinstance(prompts, (np.ndarray, jax.Array, jax.ShapeDtypeStruct)):
     raise ValueError(f"prompts must be an integer array [B, L] (np.asarray a list of token lists, or use "
                      f"specdec.data.tasks.prompt_batch for texts); got {type(prompts).__name__}")
   if np.ndim(prompts) != 2:
@@ -58,16 +60,25 @@ def _prompt_arrays(prompts: Any, prompt_lengths: Any) -> tuple[np.ndarray, np.nd
   if not np.issubdtype(prompts.dtype, np.integer):
     raise ValueError(f"prompts must hold integer token ids; got dtype {prompts.dtype}")
   if prompt_lengths is None:
-    prompt_lengths = np.full((prompts.shape[0],), prompts.shape[1], np.int32)
-  prompt_lengths = np.asarray(prompt_lengths)
+    prompt_lengths = (jax.ShapeDtypeStruct(prompts.shape[:1], np.int32) if _abstract(prompts)
+                      else np.full((prompts.shape[0],), prompts.shape[1], np.int32))
+  if not _abstract(prompt_lengths):
+    prompt_lengths = np.asarray(prompt_lengths)
   checks.check_shape("prompt_lengths", prompt_lengths, (prompts.shape[0],), "[B]")
   return prompts, prompt_lengths
+
+
+def _abstract(x: Any) -> bool:
+  return isinstance(x, jax.ShapeDtypeStruct)
 
 
 def _row_ids(row_ids: Any, batch: int) -> Array:
   """row_ids [B] as uint32 (default 0 … B−1), or a ValueError naming the problem."""
   if row_ids is None:
     return jnp.arange(batch, dtype=jnp.uint32)
+  if _abstract(row_ids):
+    checks.check_shape("row_ids", row_ids, (batch,), "[B]")
+    return row_ids
   row_ids = np.asarray(row_ids)
   checks.check_shape("row_ids", row_ids, (batch,), "[B]")
   if not np.issubdtype(row_ids.dtype, np.integer) or np.any(row_ids < 0) or np.any(row_ids >= 2**32):
@@ -75,14 +86,14 @@ def _row_ids(row_ids: Any, batch: int) -> Array:
   return jnp.asarray(row_ids.astype(np.uint32))
 
 
-def _sampling(sampling: Sampling | None, temperature, top_p, top_k) -> Sampling:
+def _sampling(sampling: Sampling | None, temperature, top_p, top_k, platform: str) -> Sampling:
   loose = {name: value for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k))
            if value is not None}
   if sampling is not None and loose:
     raise ValueError(f"give either sampling= or {', '.join(loose)}, not both")
   if sampling is None:
     sampling = Sampling(**loose)
-  return sampling.checked()
+  return sampling.checked(platform)
 
 
 def required_cache_length(method: Method, params: dict[str, Any], verifier: Model, drafter: Model | Drafter | None,
@@ -132,10 +143,19 @@ def lower(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts:
           top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, row_ids: Array | None = None,
           **params: Any) -> jax.stages.Lowered:
   """The program `generate` runs for these arguments, lowered, not run: `.compile().as_text()` is its
-  optimized HLO, `.compile().memory_analysis()` its memory (tests and benchmarks read both)."""
+  optimized HLO, `.compile().memory_analysis()` its memory (tests and benchmarks read both).
+
+  From shapes alone, for any platform: models from `partitioning.abstract_model` (parameters as
+  `jax.ShapeDtypeStruct`s laid out on a mesh or a device, e.g. a TPU topology's compile-only devices,
+  `jax.experimental.topologies`) and prompts [B, L] as a `jax.ShapeDtypeStruct` lower without weights or
+  data; every other argument (the key included) is made abstract on the models' mesh or device. Every
+  backend-dependent choice (the top-p search, call narrowing) follows the models' platform, not this
+  process's backend."""
   args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
                           sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
                           row_ids=row_ids, params=params)
+  if _abstract(args[2]):
+    key = partitioning.abstract_batch(key, static["mesh"] or partitioning.device_of(verifier), -1)
   return _generate.lower(key, *args, **static)
 
 
@@ -144,11 +164,15 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
   """`generate`'s checks on the host: the jitted loop's arguments after the key, and its static arguments."""
   spec = methods.get(method)
   params = spec.resolve(params)
-  sampling = _sampling(sampling, temperature, top_p, top_k)
+  # The platform the program is built for: where the models are (a TPU topology's compile-only devices
+  # for a plan made on a CPU host), else this process's backend.
+  platform = partitioning.platform_of((verifier, prompts)) or jax.default_backend()
+  sampling = _sampling(sampling, temperature, top_p, top_k, platform)
   max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
   if eos_id is not None:
     eos_id = _int("eos_id", eos_id, 0)
   prompts, prompt_lengths = _prompt_arrays(prompts, prompt_lengths)
+  abstract = _abstract(prompts)
   row_ids = _row_ids(row_ids, prompts.shape[0])
   # The drafter, resolved once: None, a model (the method reads its distribution) or a `Drafter`.
   if spec.drafter == "none":
@@ -166,19 +190,30 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
   positions = required_cache_length(spec, params, verifier, drafter, prompts.shape[1], max_new_tokens)
   common.check_prompts(prompts, prompt_lengths, positions, [verifier] if drafter is None else [drafter, verifier])
   traced = {name: jnp.float32(value) for name, value in spec.traced(params).items()}
-  args = (drafter, verifier, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), row_ids,
-          sampling, traced)
+  mesh = partitioning.mesh_of((verifier, prompts))
+  loose = (prompts if abstract else jnp.asarray(prompts, jnp.int32),
+           prompt_lengths if _abstract(prompt_lengths) else jnp.asarray(prompt_lengths, jnp.int32),
+           row_ids, sampling, traced)
+  if abstract:
+    target = mesh or partitioning.device_of(verifier)
+    if target is None:
+      raise ValueError("abstract prompts need abstract models placed on a mesh or a device "
+                       "(partitioning.abstract_model)")
+    loose = partitioning.abstract_batch(loose, target, prompts.shape[0])
+  args = (drafter, verifier) + loose
   return args, dict(method=method, static=tuple(sorted(spec.static(params).items())),
-                    max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=positions,
-                    mesh=partitioning.mesh_of((verifier, prompts)))
+                    max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=positions, mesh=mesh,
+                    platform=platform)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh"))
+@functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh",
+                                             "platform"))
 def _generate(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, traced, *, method, static,
-              max_new_tokens, eos_id, cache_length, mesh) -> Output:
+              max_new_tokens, eos_id, cache_length, mesh, platform) -> Output:
   # Traced under the models' mesh, if any: the models then gather their logits over 'model' once per call
-  # (`partitioning.gather_vocab`).
-  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
+  # (`partitioning.gather_vocab`); and for the models' platform (`common.target_platform`).
+  with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext(),
+        common.target_platform(platform)):
     return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths,
                                   sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
                                   cache_length=cache_length, **traced, **dict(static))

@@ -14,6 +14,8 @@ and stops when every row is done.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Any, Callable
 
 import jax
@@ -203,11 +205,31 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   return jax.lax.switch(index, [branch(w) for w in sizes], cache)
 
 
+# The platform the program being traced is built for ("cpu", "gpu", "tpu"), set by `decoding` around the
+# trace (`target_platform`): a TPU program lowered on a CPU host must make the TPU's choices.
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def target_platform(platform: str | None):
+  """Within: the loops trace for `platform` (None: this process's default backend)."""
+  token = _PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _PLATFORM.reset(token)
+
+
+def platform() -> str:
+  """The platform the loops are traced for (`target_platform`, else this process's default backend)."""
+  return _PLATFORM.get() or jax.default_backend()
+
+
 def narrow_calls() -> bool:
-  """Whether `score_prefix` picks a call's width at run time: on the CPU, where a call's cost grows with
-  its width. Not on TPU/GPU, where a memory-bound call of 1 or γ+1 tokens costs about the same and XLA
+  """Whether `score_prefix` picks a call's width at run time: for the CPU, where a call's cost grows with
+  its width. Not for TPU/GPU, where a memory-bound call of 1 or γ+1 tokens costs about the same and XLA
   copies the KV cache inside a `lax.switch` whose branches all update it."""
-  return jax.default_backend() == "cpu"
+  return platform() == "cpu"
 
 
 def covering_width(needed: Array, widths: tuple[int, ...], full: int) -> Array:
@@ -241,13 +263,16 @@ def check_models(drafter: Model | Drafter | None, verifier: Model) -> None:
 
 
 def check_prompts(prompts, prompt_lengths, cache_length: int, models: list[Model]) -> None:
-  """Shapes, lengths ≥ 1, tokens in the vocabulary, and room in every model's cache."""
+  """Shapes, lengths ≥ 1, tokens in the vocabulary, and room in every model's cache (shapes only for
+  `jax.ShapeDtypeStruct`s: a program lowered without data)."""
   if np.ndim(prompts) != 2:
     raise ValueError(f"prompts must be [B, L]; got shape {np.shape(prompts)}")
   batch, width = np.shape(prompts)
   checks.check_shape("prompt_lengths", prompt_lengths, (batch,), "[B]")
-  checks.check_count("prompt_lengths", prompt_lengths, 1, width)
-  checks.check_count("prompts", prompts, 0, models[0].vocab_size - 1)
+  if not isinstance(prompt_lengths, jax.ShapeDtypeStruct):
+    checks.check_count("prompt_lengths", prompt_lengths, 1, width)
+  if not isinstance(prompts, jax.ShapeDtypeStruct):
+    checks.check_count("prompts", prompts, 0, models[0].vocab_size - 1)
   for model in models:
     if cache_length > model.max_length:
       raise ValueError(

@@ -145,6 +145,65 @@ def mesh_of(tree: Any) -> Mesh | None:
   return None
 
 
+def device_of(tree: Any) -> jax.Device | None:
+  """The one device a pytree's arrays (or `jax.ShapeDtypeStruct`s with a sharding) are on, or None when
+  they are on a mesh of several devices (`mesh_of`) or carry no placement (host arrays)."""
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None and len(sharding.device_set) == 1:
+      return next(iter(sharding.device_set))
+  return None
+
+
+def platform_of(tree: Any) -> str | None:
+  """The platform ("cpu", "gpu", "tpu") of the devices a pytree's arrays are placed on — compile-only TPU
+  devices included, so a program lowered on a CPU host for a TPU topology is built for "tpu" — or None
+  when nothing in it is placed."""
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None:
+      return next(iter(sharding.device_set)).platform
+  return None
+
+
+Target = Mesh | jax.Device
+
+
+def abstract_model(model: Any, target: Target, rules: Sequence[tuple[str, str | None]] = DEFAULT_RULES) -> Any:
+  """`model` with every parameter a `jax.ShapeDtypeStruct` laid out for `target` (a mesh: by `rules`, as
+  `shard_model` places them; a device: whole on it), for lowering and compiling a program without weights,
+  e.g. for a TPU topology's compile-only devices on a CPU host. `model` may hold arrays or be
+  `jax.eval_shape(lambda: models.build(...))` (no memory allocated)."""
+  if isinstance(target, Mesh):
+    shardings = param_shardings(model.params, target, rules)
+  else:
+    shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(target), model.params)
+  return model.replace(params=jax.tree.map(
+      lambda x, sharding: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding), model.params, shardings))
+
+
+def abstract_batch(tree: Any, target: Target, batch_size: int) -> Any:
+  """Every leaf of `tree` (arrays, scalars or `jax.ShapeDtypeStruct`s) as a `jax.ShapeDtypeStruct` on
+  `target`: leaves with a leading axis of `batch_size` split by rows over 'data' on a mesh (as
+  `shard_batch` splits them), the others replicated; on a device, whole on it. Leaves that already carry
+  a sharding keep it."""
+  def put(x: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None:
+      return x
+    shape, dtype = np.shape(x), (x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
+    if not isinstance(target, Mesh):
+      sharding = jax.sharding.SingleDeviceSharding(target)
+    elif shape and shape[0] == batch_size:
+      if batch_size % target.shape[DATA]:
+        raise ValueError(f"batch size {batch_size} is not a multiple of the mesh's data axis "
+                         f"({target.shape[DATA]} devices); pad the batch")
+      sharding = batch_sharding(target, len(shape))
+    else:
+      sharding = replicated(target)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  return jax.tree.map(put, tree)
+
+
 def gather_vocab(logits: Any) -> Any:
   """Logits [..., V] whole along the vocabulary on every device, their other axes as the partitioner likes.
 

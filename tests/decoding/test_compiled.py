@@ -1,37 +1,24 @@
 """The compiled decode programs, read from their optimized HLO (what an accelerator would run): no copy or
 transpose of a cache-sized buffer inside `generate`, for decoder-only and encoder-decoder pairs."""
 
-import re
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from specdec import decoding, models
 from specdec.decoding import common
+from specdec.evaluation import hlo as hlo_text
+from specdec.models import partitioning
 
 V = 64
 BATCH, PROMPT, NEW = 2, 8, 40
-# An instruction's result type and the op: `%copy.3 = f32[2,2,57,16]{3,2,1,0} copy(%x)`.
-_MOVE = re.compile(r"= \w+\[([\d,]*)\]\S* (copy|transpose)\((.*)")
 
 
 def cache_sized_moves(hlo: str, min_elements: int) -> list[str]:
   """The copy/transpose instructions of at least `min_elements` elements in optimized HLO text, but for
   the entry computation's copies of a broadcast: those materialise an initial value (the zeros of a new
-  cache, one buffer per layer), they move no data."""
-  moves, computation = [], ""
-  for line in hlo.splitlines():
-    if line and not line.startswith(" "):
-      computation = line
-    match = _MOVE.search(line)
-    if not match or np.prod([int(d) for d in match.group(1).split(",") if d]) < min_elements:
-      continue
-    if computation.startswith("ENTRY") and match.group(2) == "copy" and "broadcast" in match.group(3):
-      continue
-    moves.append(line.strip())
-  return moves
+  cache, one buffer per layer), they move no data (`evaluation.hlo.moves`)."""
+  return hlo_text.moves(hlo_text.parse(hlo), min_elements)
 
 
 def _pair(preset):
@@ -83,3 +70,39 @@ def test_the_check_sees_a_cache_copied_per_call():
 
   hlo = jax.jit(keep_both).lower(cache, jnp.ones((BATCH, 3), jnp.int32)).compile().as_text()
   assert cache_sized_moves(hlo, _per_layer_cache_elements(model, 64))
+
+
+def _instructions(compiled) -> list:
+  """Every instruction's op and result shapes, computation by computation (names and metadata left out)."""
+  program = hlo_text.parse(compiled.as_text())
+  return [(i.op, i.shapes) for body in program.computations.values() for i in body]
+
+
+def test_lower_from_shapes_alone_builds_the_program_of_the_arrays():
+  """`decoding.lower` of abstract models (`partitioning.abstract_model`) and prompts (`jax.ShapeDtypeStruct`)
+  compiles the same program as from weights and token ids: what `specdec-plan` compiles for a TPU."""
+  drafter, verifier = _pair("tiny")
+  device = jax.devices()[0]
+  kwargs = dict(method="speculative", max_new_tokens=NEW, temperature=1.0, top_p=0.9, eos_id=None, gamma=3)
+  from_shapes = decoding.lower(jax.random.PRNGKey(0), partitioning.abstract_model(drafter, device),
+                               partitioning.abstract_model(verifier, device),
+                               jax.ShapeDtypeStruct((BATCH, PROMPT), jnp.int32), **kwargs).compile()
+  from_arrays = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, jnp.ones((BATCH, PROMPT), jnp.int32),
+                               **kwargs).compile()
+  assert _instructions(from_shapes) == _instructions(from_arrays)
+  with pytest.raises(ValueError, match="abstract prompts need abstract models placed on a mesh or a device"):
+    decoding.lower(jax.random.PRNGKey(0), drafter, jax.eval_shape(lambda: verifier),
+                   jax.ShapeDtypeStruct((BATCH, PROMPT), jnp.int32), **kwargs)
+
+
+def test_backend_choices_follow_the_platform_traced_for():
+  """The top-p search and call narrowing follow the platform a program is built for (the models'), not the
+  process's backend: a TPU program lowered on a CPU host makes the TPU's choices."""
+  assert decoding.Sampling().checked("tpu").top_p_method == "top_k"
+  assert decoding.Sampling().checked("cpu").top_p_method == "bisection"
+  assert decoding.Sampling(top_p_method="bisection").checked("tpu").top_p_method == "bisection"
+  with common.target_platform("tpu"):
+    assert not common.narrow_calls()
+  with common.target_platform("cpu"):
+    assert common.narrow_calls()
+  assert common.narrow_calls() == (jax.default_backend() == "cpu")

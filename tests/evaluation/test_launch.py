@@ -73,7 +73,8 @@ GEMMA = "configs/experiments/paper_gemma_2b_27b_gsm8k.gin"
 
 def test_gemma_launch_sizes_the_host_mesh_for_the_27b_verifier_and_skips_finetuning(capsys, monkeypatch):
   monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail("--dry_run ran a command"))
-  commands = launch.main([f"--config={GEMMA}", "--tpu=v5p-8", "--bucket=gs://my-bucket", "--dry_run"])
+  commands = launch.main([f"--config={GEMMA}", "--tpu=v5p-8", "--bucket=gs://my-bucket", "--dry_run",
+                          "--no-compile_sizing"])
   assert "mesh (2, 2) per host at batch 64" in capsys.readouterr().out
   assert {c.stage for c in commands} == set(launch.STAGES) - {"finetune"}
   scripts = " ".join(c.argv[-1] for c in commands if "ssh" in c.argv)
@@ -85,10 +86,41 @@ def test_gemma_launch_sizes_the_host_mesh_for_the_27b_verifier_and_skips_finetun
   assert 27e9 < weights / 2 < 31e9   # ≈ 2.6 B + 27.2 B parameters, bf16
   assert sizing.per_chip_bytes == weights // 2 + caches // 4 <= sizing.usable_bytes
   # the pairs load in bfloat16 (configs/pairs/gemma2_*.gin); in float32 only a (1, 4) mesh would hold them
-  assert launch.gemma_sizing(launch.parse_args([f"--config={GEMMA}", "--tpu=v5p-8", "--bucket=gs://bkt"])) == sizing
+  assert launch.gemma_sizing(launch.parse_args([f"--config={GEMMA}", "--tpu=v5p-8", "--bucket=gs://bkt",
+                                                "--no-compile_sizing"])) == sizing
   assert launch.size_mesh("v5p-8", "27b", 2048 + 320 + 2, 64, bytes_per_value=4).mesh == (1, 4)
   with pytest.raises(ValueError, match="give a multiple of 2"):
     launch.size_mesh("v6e-8", "27b", 2048 + 320 + 2, 63)
   with pytest.raises(ValueError, match="does not fit a v4-8 host .* lower --batch_size"):
     launch.size_mesh("v4-8", "27b", 2048 + 320 + 2, 64)
   assert launch.size_mesh("v4-8", "27b", 2048 + 320 + 2, 32).mesh == (1, 4)
+
+
+def test_gemma_host_mesh_is_sized_from_the_compiled_program(monkeypatch):
+  """`compiled_sizing` takes the widest 'data' axis whose program libtpu accepts, skips meshes whose weights
+  alone exceed a chip, and refuses in one line naming the fix when none fits. What libtpu answers is faked
+  here (a Gemma compile takes minutes); tests/tpu/ compiles real programs."""
+  from specdec.evaluation import plan
+  fake = plan.Topology("v4-8", plan.CHIPS["v4"], tuple(range(4)))
+  monkeypatch.setattr(plan, "libtpu_version", lambda: "test")
+  monkeypatch.setattr(plan, "topology", lambda name: fake)
+  asked = []
+
+  def answer(fits_from_model):
+    def decode_memory(setting, topology, mesh, **_):
+      asked.append((setting.method, setting.gamma, setting.batch_size, setting.prompt_width, mesh))
+      return (dict(fits=True, memory=dict(total=30 << 30)) if mesh[1] >= fits_from_model
+              else dict(fits=False, required_bytes=49 << 30))
+    return decode_memory
+
+  args = launch.parse_args([f"--config={GEMMA}", "--tpu=v4-8", "--bucket=gs://bkt", "--batch_size=32"])
+  monkeypatch.setattr(plan, "decode_memory", answer(fits_from_model=4))
+  sizing = launch.gemma_sizing(args)
+  assert sizing.compiled and sizing.mesh == (1, 4) and sizing.per_chip_bytes == 30 << 30
+  assert "the compiled program needs 30.00 GiB per chip" in sizing.describe()
+  # The sweep's speculative program (γ = 1 in the GSM8K config) at the batch and the task's budgets; the
+  # (4, 1) mesh is not compiled: the 27B's weights alone exceed a chip.
+  assert asked == [("speculative", 1, 32, 2048, (2, 2)), ("speculative", 1, 32, 2048, (1, 4))]
+  monkeypatch.setattr(plan, "decode_memory", answer(fits_from_model=8))
+  with pytest.raises(ValueError, match=r"does not fit a v4-8 host .*\(2, 2\): 49.0 GiB.* lower --batch_size \(e.g. 16\)"):
+    launch.gemma_sizing(args)

@@ -1,0 +1,478 @@
+"""What a compiled program does inside its loops, read from XLA's optimized HLO text (pure text analysis).
+
+The text is `jax.jit(f).lower(...).compile().as_text()`: for the decode programs, what the accelerator
+runs (on a CPU host too: a TPU topology's compile-only devices). `parse` turns it into computations of
+instructions; `loops` finds the while loops (the decode loop, the drafter's loop nested in it); a *scope*
+is what one loop iteration (or the program outside every loop) runs itself: its computation and those it
+calls — fusions, calls, every branch of a conditional, once per call site — but not nested loops, which
+are scopes of their own. Per scope, `count_moves` and `collectives` count, `moves` lists lines (the check
+of `tests/decoding/test_compiled.py`), `summary` makes the rows of a report table:
+
+  program = hlo.parse(compiled.as_text())
+  for loop in hlo.loops(program):
+    hlo.count_moves(program, loop, min_elements=cache_elements, shape_filter=hlo.dims_contain(cache_length))
+    hlo.collectives(program, loop)
+  hlo.summary(program, min_elements=..., selectors={"cache": hlo.dims_contain(cache_length)})
+
+Moves are the instructions that write data somewhere else without computing on it:
+- materialized: a `copy`/`transpose` that writes a buffer of its own (top level of a scope's computations,
+  or the one op of a fusion that only wraps it, as XLA:CPU wraps each copy);
+- fused: a `copy`/`transpose` inside a fusion with other work (on TPU: a relayout of an operand, e.g. of
+  the KV cache inside an attention dot's fusion, read as bfloat16 for the MXU): no buffer, but not free;
+- async: `copy-start`/`copy-done` pairs, asynchronous copies between memory spaces (on TPU v4: HBM,
+  memory space 0, and the on-chip memory that memory-space assignment uses, `S(3)` in layouts).
+Bytes are logical (elements × element size): TPU tiles pad minor dimensions, so a buffer may take more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+
+ShapeFilter = Callable[[tuple[int, ...]], bool]
+
+# Ops that move data between buffers, layouts or memory spaces without computing on it.
+MOVE_OPS = ("copy", "transpose")
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# Attributes naming computations that run on every element or pair of another instruction (reducers,
+# comparators, scatter combiners): their instructions write no buffers of their own.
+_APPLIED = ("to_apply", "select", "scatter")
+# Ops that only rename a buffer (no data written), allowed around the one op of a wrapping fusion.
+_ALIASES = ("parameter", "bitcast", "get-tuple-element", "tuple")
+
+# Bits per element of the dtypes whose name does not say it (the others: s4 4, bf16 16, f8e4m3fn 8, c64 64).
+_BITS = {"pred": 8, "token": 0, "opaque": 0}
+
+_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^}]*)\})?")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_INSTRUCTION = re.compile(r"^(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_OP = re.compile(r"([a-z][\w\-]*)\(")
+_COMMENT = re.compile(r"/\*.*?\*/")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+# `name=%comp` or `name={%a, %b}`; not `control-predecessors={%x}`, which names instructions.
+_REFERENCE = re.compile(r"(?<![\w\-])([a-z_]+)=(%[\w.\-]+|\{\s*%[^}]*\})")
+_NAME = re.compile(r"%([\w.\-]+)")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+_TILE = re.compile(r"T\([\d,]*\)(?:\([\d,]*\))*")
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """One array of an instruction's result: dtype, dims, layout (minor-to-major, None when not printed),
+  tiling (TPU's `T(8,128)(2,1)`, '' if none) and memory space (0 = the default, HBM on TPU; `S(n)`)."""
+  dtype: str
+  dims: tuple[int, ...]
+  layout: tuple[int, ...] | None = None
+  tiling: str = ""
+  memory_space: int = 0
+
+  @property
+  def elements(self) -> int:
+    count = 1
+    for size in self.dims:
+      count *= size
+    return count
+
+  @property
+  def bytes(self) -> int:
+    return -(-self.elements * dtype_bits(self.dtype) // 8)
+
+  def __str__(self) -> str:
+    layout = "" if self.layout is None else ",".join(map(str, self.layout))
+    extra = self.tiling + (f"S({self.memory_space})" if self.memory_space else "")
+    braces = f"{{{layout}:{extra}}}" if extra else (f"{{{layout}}}" if self.layout is not None else "")
+    return f"{self.dtype}[{','.join(map(str, self.dims))}]{braces}"
+
+
+@dataclasses.dataclass(eq=False)
+class Instruction:
+  """One HLO instruction. `shapes` are the arrays of its result in order (one unless `is_tuple`; nested
+  tuples flattened); `calls` maps each attribute naming computations (calls, body, condition, to_apply,
+  branch_computations, ...) to their names. `fused` (set by `parse`): it runs inside another instruction —
+  a fusion's computation, or a reducer/comparator that one applies — so it writes no buffer of its own;
+  the one op of a fusion that merely wraps it (XLA:CPU wraps every copy) is not fused. Compared by
+  identity: a computation called from several places yields the same instructions at each."""
+  name: str
+  op: str
+  shapes: tuple[Shape, ...]
+  is_tuple: bool
+  operands: tuple[str, ...]
+  calls: dict[str, tuple[str, ...]]
+  computation: str
+  line: str
+  root: bool = False
+  op_name: str = ""
+  fused: bool = False
+
+  @property
+  def shape(self) -> Shape | None:
+    """The result's array, None for a tuple result."""
+    return None if self.is_tuple or not self.shapes else self.shapes[0]
+
+  def __str__(self) -> str:
+    return self.line
+
+
+@dataclasses.dataclass
+class Program:
+  """A parsed HLO module: its computations (name -> instructions in text order), the ENTRY computation's
+  name, and every instruction by name (HLO names are unique within a module)."""
+  computations: dict[str, list[Instruction]]
+  entry: str
+  instructions: dict[str, Instruction]
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """A while loop: its instruction's name, the computation it sits in, its body and condition, its depth
+  (0: not inside another loop) and the enclosing loop's name, and XLA's trip count when it knows one."""
+  name: str
+  computation: str
+  body: str
+  condition: str
+  depth: int
+  parent: str | None
+  trip_count: int | None
+
+
+# What the counters read: a computation (ENTRY: the program outside loops) or a loop (its body and condition).
+Scope = str | Loop
+
+
+class Tally(NamedTuple):
+  """How many instructions, and the bytes of their arrays."""
+  count: int = 0
+  bytes: int = 0
+
+  def plus(self, nbytes: int) -> Tally:
+    return Tally(self.count + 1, self.bytes + nbytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoveCounts:
+  """The moves of one scope: materialized and fused copies/transposes, asynchronous copies
+  (`copy-start`/`copy-done` pairs), and those by direction ("HBM->S(3)", "S(3)->HBM", ...)."""
+  materialized: Tally = Tally()
+  fused: Tally = Tally()
+  async_copies: Tally = Tally()
+  async_directions: dict[str, Tally] = dataclasses.field(default_factory=dict)
+
+
+def dtype_bits(dtype: str) -> int:
+  """Bits per element of an HLO dtype (pred: 8, as XLA stores it; token: 0)."""
+  if dtype in _BITS:
+    return _BITS[dtype]
+  digits = re.search(r"\d+", dtype)
+  if not digits:
+    raise ValueError(f"unknown HLO dtype {dtype!r}")
+  return int(digits.group())
+
+
+def parse_shapes(text: str) -> tuple[Shape, ...]:
+  """The arrays of an HLO shape (`f32[8,6]{1,0}`, a tuple `(s32[], bf16[2]{0:T(128)S(3)})`), in order."""
+  shapes = []
+  for match in _SHAPE.finditer(_COMMENT.sub("", text)):
+    dtype, dims, layout = match.groups()
+    # A dynamic dimension `<=8` counts at its bound; an unknown one `?` is left out.
+    sizes = tuple(int(d.strip().lstrip("<=")) for d in dims.split(",") if d.strip() not in ("", "?"))
+    minor_to_major, _, attributes = (layout or "").partition(":")
+    space = _MEMORY_SPACE.search(attributes)
+    shapes.append(Shape(
+        dtype=dtype, dims=sizes,
+        layout=None if layout is None else tuple(int(d) for d in minor_to_major.split(",") if d.strip()),
+        tiling="".join(_TILE.findall(attributes)), memory_space=int(space.group(1)) if space else 0))
+  return tuple(shapes)
+
+
+def _closing(text: str, start: int) -> int:
+  """The index of the bracket closing the one at `start`, skipping quoted strings."""
+  pairs = {"(": ")", "{": "}", "[": "]"}
+  stack, i = [], start
+  while i < len(text):
+    char = text[i]
+    if char == '"':
+      string = _STRING.match(text, i)
+      i = string.end() if string else len(text)
+      continue
+    if char in pairs:
+      stack.append(pairs[char])
+    elif stack and char == stack[-1]:
+      stack.pop()
+      if not stack:
+        return i
+    i += 1
+  raise ValueError(f"unbalanced brackets in HLO: {text[start:start + 200]!r}")
+
+
+def _instruction(line: str, computation: str) -> Instruction | None:
+  """One instruction line, or None when the line is not one (e.g. a blank line)."""
+  head = _INSTRUCTION.match(line)
+  if not head:
+    return None
+  rest = line[head.end():]
+  end = _closing(rest, 0) + 1 if rest.startswith("(") else rest.find(" ")
+  if end <= 0:
+    raise ValueError(f"cannot read the shape of HLO instruction {line[:200]!r}")
+  shape_text, rest = rest[:end], rest[end:].lstrip()
+  op = _OP.match(rest)
+  if not op:
+    raise ValueError(f"cannot read the op of HLO instruction {line[:200]!r}")
+  close = _closing(rest, op.end() - 1)
+  operand_text, attributes = rest[op.end():close], rest[close + 1:]
+  bare = _STRING.sub('""', attributes)
+  calls = {}
+  for attribute, value in _REFERENCE.findall(bare):
+    calls[attribute] = tuple(_NAME.findall(value))
+  op_name = _OP_NAME.search(attributes)
+  return Instruction(
+      name=head.group(2), op=op.group(1), shapes=parse_shapes(shape_text), is_tuple=shape_text.startswith("("),
+      operands=tuple(_NAME.findall(_STRING.sub('""', _COMMENT.sub("", operand_text)))), calls=calls,
+      computation=computation, line=line, root=bool(head.group(1)), op_name=op_name.group(1) if op_name else "")
+
+
+def parse(hlo_text: str) -> Program:
+  """The computations and instructions of an HLO module's text (the header, the stack-frame tables and
+  anything else outside computations are skipped). Raises ValueError when there is no ENTRY computation."""
+  computations: dict[str, list[Instruction]] = {}
+  entry, current = None, None
+  for raw in hlo_text.splitlines():
+    line = raw.strip()
+    if current is None:
+      header = _HEADER.match(raw) if raw and not raw[0].isspace() else None
+      if header and not raw.startswith("HloModule"):
+        current = header.group(2)
+        computations[current] = []
+        if header.group(1):
+          entry = current
+    elif line == "}":
+      current = None
+    elif line:
+      instruction = _instruction(line, current)
+      if instruction is not None:
+        computations[current].append(instruction)
+  if entry is None:
+    raise ValueError("no ENTRY computation in the HLO text (is it `compiled.as_text()`?)")
+  program = Program(computations, entry, {i.name: i for body in computations.values() for i in body})
+  for instruction in program.instructions.values():
+    instruction.calls = {attribute: names for attribute, names in instruction.calls.items()
+                         if all(name in computations for name in names)}
+  _mark_fused(program, entry, fused=False, seen=set())
+  return program
+
+
+def _wraps_one_op(program: Program, computation: str) -> bool:
+  """Whether a fusion computation only wraps one op (besides parameters and renames)."""
+  work = [i for i in program.computations.get(computation, ()) if i.op not in _ALIASES]
+  return len(work) == 1
+
+
+def _mark_fused(program: Program, computation: str, fused: bool, seen: set[str]) -> None:
+  # A computation is marked on its first visit: one called from several places (a shared reducer) is
+  # called the same way from each.
+  if computation in seen or computation not in program.computations:
+    return
+  seen.add(computation)
+  for instruction in program.computations[computation]:
+    instruction.fused = fused
+    for attribute, names in instruction.calls.items():
+      for name in names:
+        if attribute in _APPLIED and instruction.op != "call":  # a call's to_apply is inlined code
+          inner = True
+        elif instruction.op == "fusion":
+          # A top-level fusion around one op is how XLA:CPU emits that op: it writes its own buffer.
+          inner = fused or not _wraps_one_op(program, name)
+        else:
+          inner = fused
+        _mark_fused(program, name, inner, seen)
+
+
+def loops(program: Program) -> list[Loop]:
+  """Every while loop, in program order (depth first from ENTRY: a loop, then the loops nested in it): a
+  while in another's body or condition, reached through any fusion, call or conditional, is nested in it."""
+  found: list[Loop] = []
+
+  def visit(computation: str, depth: int, parent: str | None, path: tuple[str, ...]) -> None:
+    if computation in path:
+      return
+    for instruction in program.computations.get(computation, ()):
+      if instruction.op == "while":
+        body, condition = instruction.calls["body"][0], instruction.calls["condition"][0]
+        trip = _TRIP_COUNT.search(instruction.line)
+        found.append(Loop(instruction.name, computation, body, condition, depth, parent,
+                          int(trip.group(1)) if trip else None))
+        visit(condition, depth + 1, instruction.name, path + (computation,))
+        visit(body, depth + 1, instruction.name, path + (computation,))
+        continue
+      for names in instruction.calls.values():
+        for name in names:
+          visit(name, depth, parent, path + (computation,))
+
+  visit(program.entry, 0, None, ())
+  return found
+
+
+def scope_ops(program: Program, computation_name: str) -> list[Instruction]:
+  """The instructions a scope runs itself: `computation_name`'s and, recursively, those of the computations
+  it calls (fusions, calls, every branch of a conditional, reducers), once per call site; not those of
+  nested while loops, which are scopes of their own. `Instruction.fused` tells a fused instruction from one
+  that writes its own buffer (materialized)."""
+  ops: list[Instruction] = []
+
+  def visit(computation: str, path: tuple[str, ...]) -> None:
+    if computation in path:
+      return
+    for instruction in program.computations.get(computation, ()):
+      ops.append(instruction)
+      if instruction.op == "while":
+        continue
+      for names in instruction.calls.values():
+        for name in names:
+          visit(name, path + (computation,))
+
+  if computation_name not in program.computations:
+    raise KeyError(f"no computation {computation_name!r} in the program")
+  visit(computation_name, ())
+  return ops
+
+
+def _ops(program: Program, scope: Scope) -> list[Instruction]:
+  """A scope's instructions: a computation's, or a loop's (its body's and its condition's: both run on
+  every iteration)."""
+  if isinstance(scope, Loop):
+    return scope_ops(program, scope.body) + scope_ops(program, scope.condition)
+  return scope_ops(program, scope)
+
+
+def _selected(shape: Shape | None, min_elements: int, shape_filter: ShapeFilter | None) -> bool:
+  return shape is not None and shape.elements >= min_elements and (shape_filter is None or shape_filter(shape.dims))
+
+
+def _space(memory_space: int) -> str:
+  return "HBM" if memory_space == 0 else f"S({memory_space})"
+
+
+def async_copies(program: Program, scope: Scope, min_elements: int = 0,
+                 shape_filter: ShapeFilter | None = None) -> Iterator[tuple[Instruction, Shape, Shape]]:
+  """A scope's asynchronous copies: each `copy-start` (its `copy-done` is the same transfer) with its
+  destination and source arrays (the first two of the result tuple, whose third is a context)."""
+  for instruction in _ops(program, scope):
+    if instruction.op == "copy-start" and len(instruction.shapes) >= 2:
+      destination, source = instruction.shapes[:2]
+      if _selected(destination, min_elements, shape_filter):
+        yield instruction, destination, source
+
+
+def count_moves(program: Program, scope: Scope, min_elements: int = 0,
+                shape_filter: ShapeFilter | None = None) -> MoveCounts:
+  """The copies, transposes and asynchronous copies of a scope (a computation's name or a `Loop`) whose
+  array has at least `min_elements` elements and whose dims `shape_filter` accepts (all when None); bytes
+  of their results (an asynchronous copy's: its destination). Every copy counts, ENTRY's copies of a
+  broadcast too (`moves` can leave those out)."""
+  materialized, fused, copies, directions = Tally(), Tally(), Tally(), {}
+  for instruction in _ops(program, scope):
+    if instruction.op in MOVE_OPS and _selected(instruction.shape, min_elements, shape_filter):
+      if instruction.fused:
+        fused = fused.plus(instruction.shape.bytes)
+      else:
+        materialized = materialized.plus(instruction.shape.bytes)
+  for _, destination, source in async_copies(program, scope, min_elements, shape_filter):
+    copies = copies.plus(destination.bytes)
+    direction = f"{_space(source.memory_space)}->{_space(destination.memory_space)}"
+    directions[direction] = directions.get(direction, Tally()).plus(destination.bytes)
+  return MoveCounts(materialized, fused, copies, dict(sorted(directions.items())))
+
+
+def collectives(program: Program, scope: Scope) -> dict[str, Tally]:
+  """The collectives of a scope by op (all-reduce, all-gather, reduce-scatter, all-to-all,
+  collective-permute), each (count, bytes of their results): an asynchronous one (`all-reduce-start` …
+  `all-reduce-done`) counted once, by the `-done`'s result (the `-start`'s is a tuple with its operands)."""
+  found: dict[str, Tally] = {}
+  for instruction in _ops(program, scope):
+    if instruction.op.endswith("-start"):
+      continue
+    op = instruction.op.removesuffix("-done")
+    if op in COLLECTIVE_OPS:
+      found[op] = found.get(op, Tally()).plus(sum(shape.bytes for shape in instruction.shapes))
+  return dict(sorted(found.items()))
+
+
+def _initial_value(program: Program, instruction: Instruction) -> bool:
+  """Whether a copy in ENTRY copies a broadcast: it materializes an initial value (the zeros of a new
+  cache, one buffer per layer) and moves no data."""
+  if instruction.computation != program.entry or instruction.op != "copy":
+    return False
+  for operand in instruction.operands:
+    source = program.instructions.get(operand)
+    if source is None:
+      continue
+    if source.op == "broadcast" or (source.op == "fusion" and any(
+        i.root and i.op == "broadcast" for name in source.calls.get("calls", ()) for i in program.computations[name])):
+      return True
+  return False
+
+
+def moves(program: Program, min_elements: int, *, scope: Scope | None = None, include_fused: bool = True,
+          skip_initial_values: bool = True, shape_filter: ShapeFilter | None = None) -> list[str]:
+  """The lines of the copy/transpose instructions with at least `min_elements` elements (and dims that
+  `shape_filter` accepts): in `scope`, or anywhere in the program when None. `include_fused=False` keeps
+  only materialized ones (what a TPU program can be held to: its attention fusions relayout the cache);
+  `skip_initial_values` leaves out ENTRY's copies of a broadcast (`tests/decoding/test_compiled.py`'s rule)."""
+  if scope is None:
+    candidates = [i for body in program.computations.values() for i in body]
+  else:
+    candidates = _ops(program, scope)
+  return [i.line for i in candidates
+          if i.op in MOVE_OPS and _selected(i.shape, min_elements, shape_filter)
+          and (include_fused or not i.fused) and not (skip_initial_values and _initial_value(program, i))]
+
+
+def summary(program: Program, *, min_elements: int = 0,
+            selectors: Mapping[str, ShapeFilter] | None = None) -> list[dict[str, Any]]:
+  """One JSON-serialisable row per scope for a report table: "outside loops" (ENTRY and what it calls
+  outside every while), then every loop in program order. Each row:
+
+    scope        "outside loops" or the while's name
+    computation  ENTRY's name, or the loop's body
+    depth        -1 outside loops, else the loop's (0: the outermost)
+    parent       the enclosing loop's name, or None
+    trip_count   XLA's, when it knows it, else None
+    <selector>   for each of `selectors` (shape filters on the dims; default {"all": every shape}), the
+                 moves of at least `min_elements` elements it accepts: {"materialized", "fused", "async"
+                 (counts), "materialized_bytes", "fused_bytes", "async_bytes", "async_directions":
+                 {"HBM->S(3)": {"count", "bytes"}, ...}}
+    collectives  {"all-reduce": {"count", "bytes"}, ...}, the ops found only
+  """
+  selectors = {"all": lambda dims: True} if selectors is None else dict(selectors)
+  clash = set(selectors) & {"scope", "computation", "depth", "parent", "trip_count", "collectives"}
+  if clash:
+    raise ValueError(f"selector names {sorted(clash)} clash with the row's own keys")
+  scopes: list[tuple[Scope, dict[str, Any]]] = [(program.entry, dict(
+      scope="outside loops", computation=program.entry, depth=-1, parent=None, trip_count=None))]
+  scopes += [(loop, dict(scope=loop.name, computation=loop.body, depth=loop.depth, parent=loop.parent,
+                         trip_count=loop.trip_count)) for loop in loops(program)]
+  rows = []
+  for scope, row in scopes:
+    for label, accept in selectors.items():
+      counts = count_moves(program, scope, min_elements, accept)
+      row[label] = {
+          "materialized": counts.materialized.count, "materialized_bytes": counts.materialized.bytes,
+          "fused": counts.fused.count, "fused_bytes": counts.fused.bytes,
+          "async": counts.async_copies.count, "async_bytes": counts.async_copies.bytes,
+          "async_directions": {k: tally._asdict() for k, tally in counts.async_directions.items()}}
+    row["collectives"] = {op: tally._asdict() for op, tally in collectives(program, scope).items()}
+    rows.append(row)
+  return rows
+
+
+def dims_contain(size: int) -> ShapeFilter:
+  """A shape filter: the dims include `size` (e.g. the cache length)."""
+  return lambda dims: size in dims
+
+
+def dims_end_with(trailing: Sequence[int]) -> ShapeFilter:
+  """A shape filter: the dims end with `trailing` (e.g. (γ+1, V) for a block's distributions)."""
+  trailing = tuple(trailing)
+  return lambda dims: tuple(dims[len(dims) - len(trailing):]) == trailing if len(dims) >= len(trailing) else False

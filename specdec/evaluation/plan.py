@@ -1,0 +1,549 @@
+"""Plans of decode programs for a TPU topology, compiled ahead of time on a host without a TPU (layer 5).
+
+libtpu compiles for a topology's compile-only devices (`jax.experimental.topologies`) on any Linux x86
+host: `topology("v4-8")` gives a v4-8's four chips. Models built under `jax.eval_shape` and laid out by
+`partitioning.abstract_model`, and prompts as `jax.ShapeDtypeStruct`s, lower through `decoding.lower`
+without weights or data, and the compiled TPU program reports what the plan needs:
+
+  memory per chip     `memory_analysis()`: arguments (the weights), temporaries (the KV caches and the
+                      rest), generated code; fits when libtpu compiles it (it refuses a program over the
+                      chip's HBM) — and the smallest mesh of the topology's chips that fits;
+  cost per call       each model call compiled alone (a verifier call of γ + 1 tokens, a drafter step,
+                      an autoregressive step, a prefill): flops, minimum HBM bytes (arguments + outputs −
+                      aliased: weights and cache read once, logits written once), the roofline time
+                      max(flops / peak, bytes / bandwidth), collectives;
+  waste in the loop   from the optimized HLO (`evaluation.hlo`), per loop: relayouts of KV-cache-sized
+                      arrays, round trips of them between HBM and on-chip memory, copies of [B, γ + 1, V]
+                      arrays, collectives;
+  tokens/s            at the roofline of each call (the fastest the chips could run the loop; a bound, not
+                      a prediction): autoregressive decoding of the verifier, speculative decoding at given
+                      acceptance rates per drafted token, and their ratio.
+
+Each program's analysis is cached by its key (setting, topology, mesh, the package's source, jax and
+libtpu versions): a plan re-run costs seconds. A cost_analysis counts a while loop's body once, so the
+whole program's flops are not a latency: tokens/s come from the per-call programs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import math
+import os
+import pathlib
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from specdec import decoding, models
+from specdec.decoding import common
+from specdec.evaluation import hlo, results
+from specdec.models import base, partitioning
+
+GIB = 2**30
+
+# Without a TPU, libtpu looks for the TPU VM's metadata (and logs an error per field) unless these are set.
+_LIBTPU_ENV = {"TPU_ACCELERATOR_TYPE": "v4-8", "TPU_WORKER_HOSTNAMES": "localhost",
+               # one libtpu per machine unless told otherwise: the tests compile in parallel processes
+               "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """A TPU generation's chip: HBM, peak bf16 matmul rate, HBM bandwidth (Cloud TPU's published figures),
+  and whether a chip is one device of two TensorCores (megacore) as JAX shows it on a TPU VM."""
+  name: str
+  hbm_bytes: int
+  peak_flops: float
+  hbm_bandwidth: float
+  megacore: bool
+
+
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("TPU v4", 32 * GIB, 275e12, 1.2e12, megacore=True),
+    "v5e": Chip("TPU v5 lite", 16 * GIB, 197e12, 0.819e12, megacore=False),
+    "v5p": Chip("TPU v5p", 95 * GIB, 459e12, 2.765e12, megacore=True),
+}
+
+# Chips of a slice -> libtpu's topology shape: v4 and v5p are 3-D tori (a "-N" accelerator type counts
+# TensorCores, two per chip), v5e a 2-D one ("-N" counts chips).
+_SHAPES_3D = {1: "1x1x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+_SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A slice: its accelerator type (e.g. "v4-8"), chip, and one compile-only device per chip."""
+  name: str
+  chip: Chip
+  devices: tuple[Any, ...]
+
+  @property
+  def chips(self) -> int:
+    return len(self.devices)
+
+
+def _slices() -> dict[str, tuple[str, int]]:
+  """Accelerator type -> (generation, chips): "v4-8" is 4 chips, "v5e-8" 8; "<generation>-1chip" one chip."""
+  slices = {}
+  for generation in ("v4", "v5p"):
+    slices[f"{generation}-1chip"] = (generation, 1)
+    slices |= {f"{generation}-{2 * chips}": (generation, chips) for chips in _SHAPES_3D if chips > 1}
+  return slices | {"v5e-1chip": ("v5e", 1)} | {f"v5e-{chips}": ("v5e", chips) for chips in _SHAPES_2D if chips > 1}
+
+
+def topology_names() -> list[str]:
+  """The accelerator types `topology` knows."""
+  return list(_slices())
+
+
+def topology(name: str) -> Topology:
+  """The compile-only devices of a Cloud TPU slice named by its accelerator type ("v4-8": 4 v4 chips;
+  "v4-1chip": one chip), one per chip. Needs libtpu (`pip install -c constraints.txt libtpu`); raises
+  ValueError naming the known slices for an unknown name, ImportError saying how to install libtpu."""
+  if name not in _slices():
+    raise ValueError(f"unknown TPU topology {name!r}; known: {', '.join(topology_names())}")
+  generation, chips = _slices()[name]
+  _check_libtpu()
+  for variable, value in _LIBTPU_ENV.items():
+    os.environ.setdefault(variable, value)
+  from jax.experimental import topologies
+  chip = CHIPS[generation]
+  shape = (_SHAPES_2D if generation == "v5e" else _SHAPES_3D)[chips]
+  kwargs: dict[str, Any] = dict(chip_config_name="megacore") if chip.megacore else {}
+  if chips == 1:   # one chip alone: libtpu's default host (2x2x1 chips) does not divide it
+    kwargs["chips_per_host_bounds"] = [1, 1, 1]
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=f"{generation}:{shape}", **kwargs).devices
+  return Topology(name, chip, tuple(devices))
+
+
+def libtpu_version() -> str | None:
+  """The installed libtpu's version, or None."""
+  try:
+    return importlib.metadata.version("libtpu")
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def _check_libtpu() -> None:
+  if libtpu_version() is None:
+    raise ImportError("compiling for TPU needs libtpu: pip install -c constraints.txt libtpu (Linux x86-64; "
+                      "the test extra installs it)")
+
+
+# --- what is planned --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One decode program: a pair of model presets (`models.build`; drafter None for a method without one),
+  the method and its parameters, shapes and dtype. Sampling at `temperature` (> 0 compiles the sampling
+  path; its value and top_p are traced, so one program serves a sweep over them)."""
+  verifier: str
+  drafter: str | None
+  vocab_size: int
+  method: str = "speculative"
+  params: tuple[tuple[str, Any], ...] = (("gamma", 5),)
+  batch_size: int = 8
+  prompt_width: int = 64
+  max_new_tokens: int = 64
+  dtype: str = "bfloat16"
+  temperature: float = 1.0
+  top_p: float = 1.0
+  eos_id: int | None = None
+
+  @property
+  def gamma(self) -> int:
+    return int(dict(self.params).get("gamma", 1))
+
+  def config(self) -> dict[str, Any]:
+    return dataclasses.asdict(self) | {"params": dict(self.params)}
+
+
+def check_mesh(mesh_shape: tuple[int, int], topo: Topology, batch_size: int) -> None:
+  """One line naming the constraint a (data, model) mesh breaks on a topology, or nothing."""
+  data, model = mesh_shape
+  if data < 1 or model < 1 or data * model != topo.chips:
+    raise ValueError(f"mesh (data={data}, model={model}) must multiply to the {topo.chips} chips of {topo.name}")
+  if batch_size % data:
+    raise ValueError(f"batch size {batch_size} is not a multiple of the mesh's data axis ({data})")
+
+
+def _target(devices: Sequence[Any], mesh_shape: tuple[int, int]) -> Mesh | Any:
+  if len(devices) == 1:
+    return devices[0]
+  return partitioning.make_mesh(*mesh_shape, devices=devices)
+
+
+def abstract_pair(setting: Setting, target: Mesh | Any) -> tuple[Any, Any]:
+  """(drafter or None, verifier) of `setting` as abstract models on `target` (no weights allocated)."""
+  max_length = decoding_cache_length(setting)
+
+  def build(preset: str | None) -> Any:
+    if preset is None:
+      return None
+    model = jax.eval_shape(lambda: models.build(preset, vocab_size=setting.vocab_size, max_length=max_length,
+                                                dtype=jnp.dtype(setting.dtype)))
+    return partitioning.abstract_model(model, target)
+  return build(setting.drafter), build(setting.verifier)
+
+
+def decoding_cache_length(setting: Setting) -> int:
+  """A max_length that holds any method's cache at these shapes (prompt, new tokens, a block's overhang)."""
+  return setting.prompt_width + setting.max_new_tokens + 2 * setting.gamma + 8
+
+
+# --- compiling and reading a program ----------------------------------------------------------------------
+
+class DoesNotFit(Exception):
+  """libtpu refused the program: it needs more HBM than a chip has (`required` bytes, when it says)."""
+
+  def __init__(self, message: str, required: int | None):
+    super().__init__(message)
+    self.required = required
+
+
+def _compile(lowered: Any) -> Any:
+  try:
+    return lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    required = re.search(r"required for [^(]*\(([\d.]+)([GMK])\)", str(e))
+    scale = {"G": GIB, "M": 2**20, "K": 2**10}
+    raise DoesNotFit(" ".join(str(e).split())[:300],
+                     int(float(required.group(1)) * scale[required.group(2)]) if required else None) from None
+
+
+def _memory(compiled: Any) -> dict[str, int]:
+  stats = compiled.memory_analysis()
+  memory = dict(arguments=stats.argument_size_in_bytes, outputs=stats.output_size_in_bytes,
+                aliased=stats.alias_size_in_bytes, temporaries=stats.temp_size_in_bytes,
+                code=stats.generated_code_size_in_bytes)
+  memory["total"] = memory["arguments"] + memory["outputs"] - memory["aliased"] + memory["temporaries"] + memory["code"]
+  return memory
+
+
+def _flops(compiled: Any) -> float:
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", 0.0))
+
+
+def per_device_bytes(tree: Any) -> int:
+  """Bytes of one device's share of a pytree of laid-out arrays or `jax.ShapeDtypeStruct`s."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) is not None else leaf.shape
+    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+def _cache_sharding(leaf: Any, target: Mesh | Any, batch_size: int) -> Any:
+  """A KV-cache array's layout for a call compiled alone: rows over 'data', heads ([B, H, C, D]) over
+  'model' where the axes divide them (as the decode loop's partitioner lays them out)."""
+  if not isinstance(target, Mesh):
+    return jax.sharding.SingleDeviceSharding(target)
+  spec = [None] * leaf.ndim
+  if leaf.ndim and leaf.shape[0] == batch_size and batch_size % target.shape[partitioning.DATA] == 0:
+    spec[0] = partitioning.DATA
+  if leaf.ndim == 4 and leaf.shape[1] % target.shape[partitioning.MODEL] == 0:
+    spec[1] = partitioning.MODEL
+  return NamedSharding(target, PartitionSpec(*spec))
+
+
+def _abstract_cache(model: Any, target: Mesh | Any, batch_size: int, cache_length: int) -> Any:
+  cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length))
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_cache_sharding(x, target, batch_size)),
+                      cache)
+
+
+def _under(target: Mesh | Any):
+  return jax.sharding.use_abstract_mesh(target.abstract_mesh) if isinstance(target, Mesh) else contextlib.nullcontext()
+
+
+def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_length: int, n: int,
+                 prefill: bool = False) -> Any:
+  """One model call compiled alone for `target`: `score` of n tokens into a cache of `cache_length`
+  slots (donated, as the loop updates it in place), or the prefill of an n-token prompt."""
+  cache = _abstract_cache(model, target, batch_size, cache_length)
+  tokens = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n), jnp.int32), target, batch_size)
+  with _under(target):
+    if prefill:
+      lengths = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size,), jnp.int32), target, batch_size)
+      lowered = jax.jit(lambda m, c, t, l: base.prefill(m, c, t, l)[:2], donate_argnums=1).lower(
+          model, cache, tokens, lengths)
+    else:
+      lowered = jax.jit(lambda m, c, t: m.score(c, t)[:2], donate_argnums=1).lower(model, cache, tokens)
+  return _compile(lowered)
+
+
+def decode_program(setting: Setting, drafter: Any, verifier: Any) -> Any:
+  """`generate`'s whole program for `setting`, compiled for the models' devices (`decoding.lower`)."""
+  target = partitioning.mesh_of(verifier) or partitioning.device_of(verifier)
+  prompts = partitioning.abstract_batch(jax.ShapeDtypeStruct((setting.batch_size, setting.prompt_width), jnp.int32),
+                                        target, setting.batch_size)
+  lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, prompts, method=setting.method,
+                           max_new_tokens=setting.max_new_tokens, temperature=setting.temperature,
+                           top_p=setting.top_p, eos_id=setting.eos_id, **dict(setting.params))
+  return _compile(lowered)
+
+
+def cache_length_of(setting: Setting, drafter: Any, verifier: Any) -> int:
+  """The cache positions `generate` allocates for `setting` (`decoding.required_cache_length`)."""
+  method = decoding.METHODS[setting.method]
+  params = method.resolve(dict(setting.params))
+  drafter_arg = None if method.drafter == "none" else (drafter if method.drafter == "model"
+                                                       else decoding.as_drafter(drafter))
+  return decoding.required_cache_length(method, params, verifier, drafter_arg, setting.prompt_width,
+                                        setting.max_new_tokens)
+
+
+# --- the analyses -----------------------------------------------------------------------------------------
+
+def roofline_seconds(flops: float, hbm_bytes: float, chip: Chip) -> float:
+  """The least time a call can take on one chip: compute- or HBM-bound, whichever is slower."""
+  return max(flops / chip.peak_flops, hbm_bytes / chip.hbm_bandwidth)
+
+
+def analyse_call(compiled: Any, chip: Chip) -> dict[str, Any]:
+  """flops, minimum HBM bytes, roofline time and collectives of one call's program, per chip."""
+  memory = _memory(compiled)
+  flops = _flops(compiled)
+  hbm_bytes = memory["arguments"] + memory["outputs"] - memory["aliased"]
+  program = hlo.parse(compiled.as_text())
+  return dict(flops=flops, hbm_bytes=hbm_bytes, roofline_us=1e6 * roofline_seconds(flops, hbm_bytes, chip),
+              bound="compute" if flops / chip.peak_flops > hbm_bytes / chip.hbm_bandwidth else "memory",
+              collectives={op: tally._asdict() for op, tally in hlo.collectives(program, program.entry).items()},
+              memory=memory)
+
+
+def analyse_loop(compiled: Any, *, cache_elements: int, cache_length: int, block_shape: tuple[int, int]
+                 ) -> list[dict[str, Any]]:
+  """Per scope of the decode program (outside loops, each loop): relayouts and HBM↔on-chip round trips
+  of arrays of at least one layer's KV cache per device with a cache_length dimension, copies of
+  [.., γ + 1, V] arrays (`block_shape` = (γ + 1, V per device)), and collectives."""
+  program = hlo.parse(compiled.as_text())
+  width, vocab = block_shape
+
+  def cache_sized(dims: Sequence[int]) -> bool:
+    return cache_length in dims and math.prod(dims) >= cache_elements
+
+  def block_sized(dims: Sequence[int]) -> bool:   # [.., γ+1, V] and its [.., γ+1, V/128, 128] tiling
+    return width in dims and (vocab in dims or (vocab % 128 == 0 and vocab // 128 in dims))
+
+  return hlo.summary(program, min_elements=1, selectors=dict(cache=cache_sized, block=block_sized))
+
+
+def _versions() -> dict[str, Any]:
+  return dict(jax=jax.__version__, libtpu=libtpu_version(), code=results.code_digest())
+
+
+class ProgramCache:
+  """Analyses of compiled programs, one JSON file per key in `directory` (None: no cache)."""
+
+  def __init__(self, directory: str | None):
+    self.directory = None if directory is None else pathlib.Path(directory)
+
+  def get(self, key: dict[str, Any], make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    if self.directory is None:
+      return make()
+    path = self.directory / f"{results.digest(key)}.json"
+    if path.is_file():
+      return json.loads(path.read_text())
+    value = make()
+    self.directory.mkdir(parents=True, exist_ok=True)
+    staged = path.with_suffix(".partial")
+    staged.write_text(json.dumps(value))
+    os.replace(staged, path)
+    return value
+
+
+def default_cache_dir() -> str:
+  return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec", "plan")
+
+
+def expected_tokens_per_block(acceptance: float, gamma: int) -> float:
+  """E[tokens per block] = (1 − a^{γ+1}) / (1 − a) for an acceptance rate a per drafted token, i.i.d.
+  across a block's positions (Leviathan et al., eq. 1)."""
+  if acceptance >= 1.0:
+    return float(gamma + 1)
+  return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
+
+
+def speeds(calls: dict[str, dict[str, Any]], *, batch_size: int, gamma: int, acceptances: Iterable[float]
+           ) -> dict[str, Any]:
+  """Roofline tokens/s (an upper bound: every call at its roofline time; sampling math and collective
+  latency not counted) of the verifier alone and of speculative decoding per acceptance rate a.
+
+  A block costs γ drafter steps, one verifier call of γ + 1 tokens and, when every draft is accepted
+  (probability a^γ), the drafter's step scoring its last draft (`ModelDrafter(bonus_q=False)`)."""
+  step, verify, draft = (calls[name]["roofline_us"] for name in ("verifier_step", "verifier_call", "drafter_step"))
+  autoregressive = batch_size / (step * 1e-6)
+  rows = []
+  for a in acceptances:
+    block_us = gamma * draft + verify + a ** gamma * draft
+    tokens = expected_tokens_per_block(a, gamma)
+    speculative = batch_size * tokens / (block_us * 1e-6)
+    rows.append(dict(acceptance=a, tokens_per_block=tokens, block_us=block_us, tokens_per_s=speculative,
+                     speedup=speculative / autoregressive))
+  return dict(autoregressive_tokens_per_s=autoregressive, break_even_tokens_per_block=(gamma * draft + verify) / step,
+              speculative=rows)
+
+
+def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, acceptances: Sequence[float] = (0.6, 0.8),
+         cache: ProgramCache | None = None, progress: Callable[[str], None] = lambda _: None,
+         search_mesh: bool = True) -> dict[str, Any]:
+  """The plan of one setting on a topology's mesh: memory per chip (and the smallest mesh that fits when
+  this one does not), per-call costs, waste in the loops and roofline tokens/s (module docstring)."""
+  if setting.batch_size < 1 or setting.prompt_width < 1 or setting.max_new_tokens < 1:
+    raise ValueError("batch_size, prompt_width and max_new_tokens must be ≥ 1")
+  decoding.methods.get(setting.method)
+  check_mesh(mesh_shape, topo, setting.batch_size)
+  cache = cache or ProgramCache(None)
+  target = _target(topo.devices, mesh_shape)
+  drafter, verifier = abstract_pair(setting, target)
+  cache_length = cache_length_of(setting, drafter, verifier)
+  key = dict(setting=setting.config(), topology=topo.name, mesh=list(mesh_shape), versions=_versions())
+  out: dict[str, Any] = dict(setting=setting.config(), topology=topo.name, chip=topo.chip.name,
+                             hbm_bytes=topo.chip.hbm_bytes, mesh=dict(data=mesh_shape[0], model=mesh_shape[1]),
+                             cache_length=cache_length, versions=key["versions"])
+
+  def program() -> dict[str, Any]:
+    progress(f"decode program ({setting.method}) on {topo.name} mesh {mesh_shape}")
+    try:
+      compiled = decode_program(setting, drafter, verifier)
+    except DoesNotFit as e:
+      return dict(fits=False, error=str(e), required_bytes=e.required)
+    memory = _memory(compiled)
+    cfg = verifier.config
+    heads = getattr(cfg, "cache_heads", None) or getattr(cfg, "num_heads")
+    data, model = mesh_shape
+    cache_elements = (setting.batch_size // data) * max(1, heads // model if heads % model == 0 else heads) \
+        * cache_length * cfg.head_dim
+    vocab = setting.vocab_size // model if setting.vocab_size % model == 0 else setting.vocab_size
+    loops = analyse_loop(compiled, cache_elements=cache_elements, cache_length=cache_length,
+                         block_shape=(setting.gamma + 1, vocab))
+    return dict(fits=True, memory=memory, loops=loops)
+
+  out["program"] = cache.get(key | dict(program="decode"), program)
+  pytrees = dict(weights=per_device_bytes([m.params for m in (drafter, verifier) if m is not None]),
+                 caches=sum(per_device_bytes(_abstract_cache(m, target, setting.batch_size, cache_length))
+                            for m in (drafter, verifier) if m is not None))
+  out["pytrees"] = pytrees
+  if not out["program"]["fits"] and search_mesh:
+    out["smallest_fitting_mesh"] = smallest_fitting_mesh(setting, topo, cache=cache, progress=progress)
+
+  calls = {}
+  width = setting.gamma + 1
+  wanted = [("verifier_step", setting.verifier, verifier, 1, False),
+            ("verifier_call", setting.verifier, verifier, width, False),
+            ("verifier_prefill", setting.verifier, verifier, setting.prompt_width, True)]
+  if drafter is not None:
+    wanted += [("drafter_step", setting.drafter, drafter, 1, False),
+               ("drafter_prefill", setting.drafter, drafter, setting.prompt_width, True)]
+  for name, preset, model, n, is_prefill in wanted:
+    def make(model=model, n=n, is_prefill=is_prefill, name=name) -> dict[str, Any]:
+      progress(f"{name} (n={n}) on {topo.name} mesh {mesh_shape}")
+      try:
+        return analyse_call(call_program(model, target, batch_size=setting.batch_size, cache_length=cache_length,
+                                         n=n, prefill=is_prefill), topo.chip)
+      except DoesNotFit as e:
+        return dict(fits=False, error=str(e))
+    # A call's program depends on the model, the shapes and the mesh only: shared by every method.
+    call_key = dict(model=preset, vocab_size=setting.vocab_size, dtype=setting.dtype, batch_size=setting.batch_size,
+                    cache_length=cache_length, n=n, prefill=is_prefill, topology=topo.name, mesh=list(mesh_shape),
+                    versions=key["versions"])
+    calls[name] = cache.get(call_key, make)
+  out["calls"] = calls
+  # The block cost model is speculative decoding's (γ drafter steps, one verifier call).
+  if setting.method == "speculative" and all("roofline_us" in calls[n]
+                                             for n in ("verifier_step", "verifier_call", "drafter_step")):
+    out["speeds"] = speeds(calls, batch_size=setting.batch_size, gamma=setting.gamma, acceptances=acceptances)
+  return out
+
+
+def candidate_meshes(chips: int, batch_size: int) -> list[tuple[int, int]]:
+  """(data, model) meshes of `chips` chips whose data axis divides the batch, most 'model' first (the
+  weights split most ways)."""
+  return [(chips // model, model) for model in sorted({m for m in range(1, chips + 1) if chips % m == 0},
+                                                      reverse=True) if batch_size % (chips // model) == 0]
+
+
+def decode_memory(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, chips: int | None = None,
+                  cache: ProgramCache | None = None, progress: Callable[[str], None] = lambda _: None
+                  ) -> dict[str, Any]:
+  """Whether the decode program fits on the topology's first `chips` chips (default all) on a (data, model)
+  mesh: {"fits": True, "memory": per-chip bytes (`_memory`)} or {"fits": False, "required_bytes": what
+  libtpu said it needs, or None}. Cached by key."""
+  chips = chips or topo.chips
+  check_mesh(mesh_shape, Topology(topo.name, topo.chip, topo.devices[:chips]), setting.batch_size)
+  key = dict(setting=setting.config(), topology=topo.name, chips=chips, mesh=list(mesh_shape), versions=_versions(),
+             program="decode_memory")
+
+  def make() -> dict[str, Any]:
+    progress(f"decode program ({setting.method}) on {chips} chip(s) of {topo.name}, mesh {mesh_shape}")
+    drafter, verifier = abstract_pair(setting, _target(topo.devices[:chips], mesh_shape))
+    try:
+      return dict(fits=True, memory=_memory(decode_program(setting, drafter, verifier)))
+    except DoesNotFit as e:
+      return dict(fits=False, required_bytes=e.required)
+  return (cache or ProgramCache(None)).get(key, make)
+
+
+def smallest_fitting_mesh(setting: Setting, topo: Topology, *, cache: ProgramCache | None = None,
+                          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any] | None:
+  """The fewest of the topology's chips (1, 2, 4, …) on which the decode program compiles within HBM, and
+  the mesh (most 'model' first); None when even all of them do not hold it."""
+  chips = 1
+  while chips <= topo.chips:
+    for mesh_shape in candidate_meshes(chips, setting.batch_size):
+      found = decode_memory(setting, topo, mesh_shape, chips=chips, cache=cache, progress=progress)
+      if found["fits"]:
+        return dict(chips=chips, data=mesh_shape[0], model=mesh_shape[1], total_bytes=found["memory"]["total"])
+    chips *= 2
+  return None
+
+
+def sweep_settings(experiment: Any, *, verifier: str | None = None, drafter: str | None = None,
+                   vocab_size: int | None = None, dtype: str | None = None) -> list[tuple[Setting, int]]:
+  """The distinct decode programs of a sweep (`grid.Experiment`), from its config alone — no data, no
+  weights: one per (model decoding, method, static parameters), since temperature, top-P and α are traced,
+  each with how many grid points run it. Shapes: the batch, the prompt at the task's input budget
+  (`max_prompt_tokens`, else the task's; the sweep pads to its longest prompt, at most this), the task's
+  target budget or `max_new_tokens`. Models: the presets given, else the sources' `ModelSource.preset`."""
+  from specdec.evaluation import grid
+  task = grid.find_task(experiment.task, experiment.chat_template)
+  width = experiment.max_prompt_tokens or task.max_input_tokens
+  new_tokens = experiment.max_new_tokens or task.max_target_tokens
+  if not width or not new_tokens:
+    raise ValueError(f"task {experiment.task!r} has no input or target budget: set Experiment.max_prompt_tokens "
+                     "and max_new_tokens")
+  presets = {}
+  for role, given in (("verifier", verifier), ("drafter", drafter)):
+    source = getattr(experiment, role)
+    presets[role] = given or source.preset
+    if presets[role] is None:
+      raise ValueError(f"the sweep's {role} is {source.path!r}, not a preset: name its architecture with "
+                       f"--{role} (a models.build preset, e.g. t5_large, gemma2_9b)")
+  vocab_size = vocab_size or experiment.verifier.vocab_size
+  if vocab_size is None:
+    raise ValueError("the sweep does not say its vocabulary size: give --vocab_size")
+  counts: dict[Setting, int] = {}
+  for point in grid.expand_grid(experiment):
+    method = decoding.methods.get(point.method)
+    static = tuple(sorted(method.static(method.resolve(dict(point.params))).items()))
+    alone = point.model != "pair"
+    setting = Setting(verifier=presets["drafter" if point.model == "drafter" else "verifier"],
+                      drafter=None if alone else presets["drafter"], vocab_size=vocab_size, method=point.method,
+                      params=static, batch_size=min(experiment.batch_size, experiment.n_examples),
+                      prompt_width=width, max_new_tokens=new_tokens,
+                      dtype=dtype or experiment.verifier.dtype or "float32")
+    counts[setting] = counts.get(setting, 0) + 1
+  return list(counts.items())
