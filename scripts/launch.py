@@ -205,7 +205,7 @@ def compiled_sizing(tpu: str, experiment, verifier: str, batch_size: int,
     if weights // mesh[1] > topology.chip.hbm_bytes:   # the weights alone: no compile needed to refuse it
       needs.append(f"{mesh}: weights alone {weights / mesh[1] / (1 << 30):.1f} GiB")
       continue
-    found = planning.decode_memory(setting, topology, mesh, cache=planning.ProgramCache(planning.default_cache_dir()),
+    found = planning.decode_facts(setting, topology, mesh, cache=planning.ProgramCache(planning.default_cache_dir()),
                                    progress=progress)
     if found["fits"]:
       return Sizing(mesh, batch_size, weights, 0, found["memory"]["total"], topology.chip.hbm_bytes, compiled=True)

@@ -18,7 +18,7 @@ flops, minimum HBM bytes, roofline time and collectives; per loop: relayouts and
 trips of KV-cache-sized arrays, copies of [B, γ + 1, V] arrays, collectives; and the roofline tokens/s of
 the verifier alone and of speculative decoding at each acceptance rate (`--acceptance`, or a recorded
 sweep's per point: `--results FILE.jsonl`). Writes `--output FILE.json` and FILE.md (a markdown table);
-prints the table. Compiled programs' analyses are cached by key (`--cache_dir`): a re-run takes seconds.
+prints the table. Compiled programs are cached by key (`--cache_dir`): a re-run takes seconds.
 Gemma programs take minutes each to compile on a laptop-class CPU. Needs libtpu (Linux x86-64; the test
 extra installs it). docs/tpu.md.
 """
@@ -115,13 +115,15 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{smallest['model']}), {smallest['total_bytes'] / gib:.2f} GiB per chip." if smallest
               else "No mesh of this slice's chips holds it."]
   lines += ["", "## Per call (compiled alone, per chip)", "",
-            "| call | flops | HBM bytes (min) | roofline µs | bound | collectives |", "|---|---|---|---|---|---|"]
+            "| call | flops | HBM bytes (min) | tile padding | roofline µs | bound | collectives |",
+            "|---|---|---|---|---|---|---|"]
   for name, call in report["calls"].items():
     if "roofline_us" not in call:
-      lines.append(f"| {name} | does not fit | | | | |")
+      lines.append(f"| {name} | does not fit | | | | | |")
       continue
     collectives = ", ".join(f"{op} {c['count']}" for op, c in call["collectives"].items() if c["count"]) or "-"
-    lines.append(f"| {name} | {call['flops']:.3g} | {_size(call['hbm_bytes'])} | {call['roofline_us']:.1f} "
+    lines.append(f"| {name} | {call['flops']:.3g} | {_size(call['hbm_bytes'])} | {call['padding']:.2f}× "
+                 f"| {call['roofline_us']:.1f} "
                  f"| {call['bound']} | {collectives} |")
   if program["fits"]:
     lines += ["", "## Inside the program (per scope: each loop's body once)", "",

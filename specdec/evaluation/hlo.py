@@ -80,6 +80,22 @@ class Shape:
   def bytes(self) -> int:
     return -(-self.elements * dtype_bits(self.dtype) // 8)
 
+  @property
+  def padded_bytes(self) -> int:
+    """Bytes as the layout's tiling stores it: a TPU tile `T(a,b)` pads the two minor-most physical dims to
+    multiples of a and b, `T(n)` the minor-most to a multiple of n (a sub-tiling such as `(2,1)` packs
+    narrow elements within the tile, adding nothing); without a tiling, `bytes`."""
+    tiles = [tuple(int(x) for x in t.split(",") if x) for t in re.findall(r"\(([\d,]*)\)", self.tiling)]
+    if not tiles or not self.dims or self.layout is None:
+      return self.bytes
+    physical = [self.dims[d] for d in self.layout]        # minor-most first
+    for i, multiple in enumerate(tiles[0][::-1][:len(physical)]):   # the tile's sizes, minor-most first
+      physical[i] = -(-physical[i] // multiple) * multiple
+    count = 1
+    for size in physical:
+      count *= size
+    return -(-count * dtype_bits(self.dtype) // 8)
+
   def __str__(self) -> str:
     layout = "" if self.layout is None else ",".join(map(str, self.layout))
     extra = self.tiling + (f"S({self.memory_space})" if self.memory_space else "")
@@ -397,6 +413,17 @@ def collectives(program: Program, scope: Scope) -> dict[str, Tally]:
     if op in COLLECTIVE_OPS:
       found[op] = found.get(op, Tally()).plus(sum(shape.bytes for shape in instruction.shapes))
   return dict(sorted(found.items()))
+
+
+def entry_parameters(program: Program, *, used_only: bool = False) -> list[Instruction]:
+  """The ENTRY computation's parameters in order; `used_only`: those some instruction of ENTRY reads (a
+  jitted function's argument it never touches stays a parameter, and is not read from memory)."""
+  body = program.computations[program.entry]
+  parameters = [i for i in body if i.op == "parameter"]
+  if used_only:
+    read = {operand for i in body for operand in i.operands}
+    parameters = [i for i in parameters if i.name in read]
+  return parameters
 
 
 def _initial_value(program: Program, instruction: Instruction) -> bool:

@@ -19,8 +19,8 @@ without weights or data, and the compiled TPU program reports what the plan need
                       a prediction): autoregressive decoding of the verifier, speculative decoding at given
                       acceptance rates per drafted token, and their ratio.
 
-Each program's analysis is cached by its key (setting, topology, mesh, the package's source, jax and
-libtpu versions): a plan re-run costs seconds. A cost_analysis counts a while loop's body once, so the
+Each compiled program's facts (memory, flops, optimized HLO) are cached by its key (setting, topology,
+mesh, the code that builds it, jax and libtpu versions) and analysed afresh: a plan re-run costs seconds. A cost_analysis counts a while loop's body once, so the
 whole program's flops are not a latency: tokens/s come from the per-call programs.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import importlib.metadata
 import json
 import math
@@ -236,6 +237,16 @@ def _flops(compiled: Any) -> float:
   return float(cost.get("flops", 0.0))
 
 
+def facts(lowered: Callable[[], Any]) -> dict[str, Any]:
+  """What a plan reads of a compiled program: {"fits", "memory" (`_memory`), "flops", "hlo" (its optimized
+  HLO text)}, or {"fits": False, "error", "required_bytes"} when libtpu refuses it for HBM."""
+  try:
+    compiled = _compile(lowered())
+  except DoesNotFit as e:
+    return dict(fits=False, error=str(e), required_bytes=e.required)
+  return dict(fits=True, memory=_memory(compiled), flops=_flops(compiled), hlo=compiled.as_text())
+
+
 def per_device_bytes(tree: Any) -> int:
   """Bytes of one device's share of a pytree of laid-out arrays or `jax.ShapeDtypeStruct`s."""
   total = 0
@@ -270,7 +281,7 @@ def _under(target: Mesh | Any):
 
 def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_length: int, n: int,
                  prefill: bool = False) -> Any:
-  """One model call compiled alone for `target`: `score` of n tokens into a cache of `cache_length`
+  """One model call lowered alone for `target`: `score` of n tokens into a cache of `cache_length`
   slots (donated, as the loop updates it in place), or the prefill of an n-token prompt."""
   cache = _abstract_cache(model, target, batch_size, cache_length)
   tokens = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n), jnp.int32), target, batch_size)
@@ -281,18 +292,18 @@ def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_lengt
           model, cache, tokens, lengths)
     else:
       lowered = jax.jit(lambda m, c, t: m.score(c, t)[:2], donate_argnums=1).lower(model, cache, tokens)
-  return _compile(lowered)
+  return lowered
 
 
 def decode_program(setting: Setting, drafter: Any, verifier: Any) -> Any:
-  """`generate`'s whole program for `setting`, compiled for the models' devices (`decoding.lower`)."""
+  """`generate`'s whole program for `setting`, lowered for the models' devices (`decoding.lower`)."""
   target = partitioning.mesh_of(verifier) or partitioning.device_of(verifier)
   prompts = partitioning.abstract_batch(jax.ShapeDtypeStruct((setting.batch_size, setting.prompt_width), jnp.int32),
                                         target, setting.batch_size)
   lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, prompts, method=setting.method,
                            max_new_tokens=setting.max_new_tokens, temperature=setting.temperature,
                            top_p=setting.top_p, eos_id=setting.eos_id, **dict(setting.params))
-  return _compile(lowered)
+  return lowered
 
 
 def cache_length_of(setting: Setting, drafter: Any, verifier: Any) -> int:
@@ -312,24 +323,34 @@ def roofline_seconds(flops: float, hbm_bytes: float, chip: Chip) -> float:
   return max(flops / chip.peak_flops, hbm_bytes / chip.hbm_bandwidth)
 
 
-def analyse_call(compiled: Any, chip: Chip) -> dict[str, Any]:
-  """flops, minimum HBM bytes, roofline time and collectives of one call's program, per chip."""
-  memory = _memory(compiled)
-  flops = _flops(compiled)
-  hbm_bytes = memory["arguments"] + memory["outputs"] - memory["aliased"]
-  program = hlo.parse(compiled.as_text())
-  return dict(flops=flops, hbm_bytes=hbm_bytes, roofline_us=1e6 * roofline_seconds(flops, hbm_bytes, chip),
+def analyse_call(program_facts: dict[str, Any], chip: Chip) -> dict[str, Any]:
+  """flops, minimum HBM bytes, roofline time and collectives of one call's program, per chip.
+
+  Minimum HBM bytes: every argument the program reads, once, as the chip's tiles store it (padding
+  included), plus its outputs, less what is updated in place (the donated cache): a call's weights and
+  cache read once and its logits written once. Arguments it never reads (a T5 decoder step does not read
+  the encoder's weights) are left out. `padding` is that read's size over its logical size."""
+  if not program_facts["fits"]:
+    return dict(fits=False, error=program_facts["error"])
+  memory, flops = program_facts["memory"], program_facts["flops"]
+  program = hlo.parse(program_facts["hlo"])
+  read = [shape for parameter in hlo.entry_parameters(program, used_only=True) for shape in parameter.shapes]
+  read_bytes = sum(shape.padded_bytes for shape in read)
+  hbm_bytes = read_bytes + memory["outputs"] - memory["aliased"]
+  return dict(flops=flops, hbm_bytes=hbm_bytes, read_bytes=read_bytes,
+              padding=read_bytes / max(1, sum(shape.bytes for shape in read)),
+              roofline_us=1e6 * roofline_seconds(flops, hbm_bytes, chip),
               bound="compute" if flops / chip.peak_flops > hbm_bytes / chip.hbm_bandwidth else "memory",
               collectives={op: tally._asdict() for op, tally in hlo.collectives(program, program.entry).items()},
               memory=memory)
 
 
-def analyse_loop(compiled: Any, *, cache_elements: int, cache_length: int, block_shape: tuple[int, int]
+def analyse_loop(hlo_text: str, *, cache_elements: int, cache_length: int, block_shape: tuple[int, int]
                  ) -> list[dict[str, Any]]:
   """Per scope of the decode program (outside loops, each loop): relayouts and HBM↔on-chip round trips
   of arrays of at least one layer's KV cache per device with a cache_length dimension, copies of
   [.., γ + 1, V] arrays (`block_shape` = (γ + 1, V per device)), and collectives."""
-  program = hlo.parse(compiled.as_text())
+  program = hlo.parse(hlo_text)
   width, vocab = block_shape
 
   def cache_sized(dims: Sequence[int]) -> bool:
@@ -342,11 +363,16 @@ def analyse_loop(compiled: Any, *, cache_elements: int, cache_length: int, block
 
 
 def _versions() -> dict[str, Any]:
-  return dict(jax=jax.__version__, libtpu=libtpu_version(), code=results.code_digest())
+  """What a compiled program depends on besides its setting: jax, libtpu, and the code that builds it
+  (core, models, decoding: not this module, whose analyses are recomputed from the cached programs)."""
+  package = pathlib.Path(__file__).resolve().parents[1]
+  code = results.digest([results.files_digest(package / part, pattern="*.py") for part in ("core", "models", "decoding")])
+  return dict(jax=jax.__version__, libtpu=libtpu_version(), code=code)
 
 
 class ProgramCache:
-  """Analyses of compiled programs, one JSON file per key in `directory` (None: no cache)."""
+  """Compiled programs' `facts`, one JSON file per key in `directory` (their HLO text gzipped beside it);
+  None: no cache."""
 
   def __init__(self, directory: str | None):
     self.directory = None if directory is None else pathlib.Path(directory)
@@ -355,14 +381,24 @@ class ProgramCache:
     if self.directory is None:
       return make()
     path = self.directory / f"{results.digest(key)}.json"
+    text = path.with_suffix(".hlo.gz")
     if path.is_file():
-      return json.loads(path.read_text())
+      value = json.loads(path.read_text())
+      if value.get("fits"):
+        value["hlo"] = gzip.decompress(text.read_bytes()).decode()
+      return value
     value = make()
     self.directory.mkdir(parents=True, exist_ok=True)
-    staged = path.with_suffix(".partial")
-    staged.write_text(json.dumps(value))
-    os.replace(staged, path)
+    if value.get("fits"):
+      _write_whole(text, gzip.compress(value["hlo"].encode()))
+    _write_whole(path, json.dumps({k: v for k, v in value.items() if k != "hlo"}).encode())
     return value
+
+
+def _write_whole(path: pathlib.Path, data: bytes) -> None:
+  staged = path.with_name(path.name + ".partial")
+  staged.write_bytes(data)
+  os.replace(staged, path)
 
 
 def default_cache_dir() -> str:
@@ -410,34 +446,27 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
   target = _target(topo.devices, mesh_shape)
   drafter, verifier = abstract_pair(setting, target)
   cache_length = cache_length_of(setting, drafter, verifier)
-  key = dict(setting=setting.config(), topology=topo.name, mesh=list(mesh_shape), versions=_versions())
+  versions = _versions()
   out: dict[str, Any] = dict(setting=setting.config(), topology=topo.name, chip=topo.chip.name,
                              hbm_bytes=topo.chip.hbm_bytes, mesh=dict(data=mesh_shape[0], model=mesh_shape[1]),
-                             cache_length=cache_length, versions=key["versions"])
-
-  def program() -> dict[str, Any]:
-    progress(f"decode program ({setting.method}) on {topo.name} mesh {mesh_shape}")
-    try:
-      compiled = decode_program(setting, drafter, verifier)
-    except DoesNotFit as e:
-      return dict(fits=False, error=str(e), required_bytes=e.required)
-    memory = _memory(compiled)
+                             cache_length=cache_length, versions=versions)
+  program = decode_facts(setting, topo, mesh_shape, cache=cache, progress=progress)
+  if program["fits"]:
     cfg = verifier.config
-    heads = getattr(cfg, "cache_heads", None) or getattr(cfg, "num_heads")
+    heads = getattr(cfg, "cache_heads", None) or cfg.num_heads
     data, model = mesh_shape
-    cache_elements = (setting.batch_size // data) * max(1, heads // model if heads % model == 0 else heads) \
+    cache_elements = (setting.batch_size // data) * (heads // model if heads % model == 0 else heads) \
         * cache_length * cfg.head_dim
     vocab = setting.vocab_size // model if setting.vocab_size % model == 0 else setting.vocab_size
-    loops = analyse_loop(compiled, cache_elements=cache_elements, cache_length=cache_length,
-                         block_shape=(setting.gamma + 1, vocab))
-    return dict(fits=True, memory=memory, loops=loops)
-
-  out["program"] = cache.get(key | dict(program="decode"), program)
-  pytrees = dict(weights=per_device_bytes([m.params for m in (drafter, verifier) if m is not None]),
-                 caches=sum(per_device_bytes(_abstract_cache(m, target, setting.batch_size, cache_length))
-                            for m in (drafter, verifier) if m is not None))
-  out["pytrees"] = pytrees
-  if not out["program"]["fits"] and search_mesh:
+    out["program"] = dict(fits=True, memory=program["memory"],
+                          loops=analyse_loop(program["hlo"], cache_elements=cache_elements, cache_length=cache_length,
+                                             block_shape=(setting.gamma + 1, vocab)))
+  else:
+    out["program"] = dict(fits=False, error=program["error"], required_bytes=program["required_bytes"])
+  out["pytrees"] = dict(weights=per_device_bytes([m.params for m in (drafter, verifier) if m is not None]),
+                        caches=sum(per_device_bytes(_abstract_cache(m, target, setting.batch_size, cache_length))
+                                   for m in (drafter, verifier) if m is not None))
+  if not program["fits"] and search_mesh:
     out["smallest_fitting_mesh"] = smallest_fitting_mesh(setting, topo, cache=cache, progress=progress)
 
   calls = {}
@@ -449,18 +478,15 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
     wanted += [("drafter_step", setting.drafter, drafter, 1, False),
                ("drafter_prefill", setting.drafter, drafter, setting.prompt_width, True)]
   for name, preset, model, n, is_prefill in wanted:
-    def make(model=model, n=n, is_prefill=is_prefill, name=name) -> dict[str, Any]:
+    def lowered(model=model, n=n, is_prefill=is_prefill, name=name) -> Any:
       progress(f"{name} (n={n}) on {topo.name} mesh {mesh_shape}")
-      try:
-        return analyse_call(call_program(model, target, batch_size=setting.batch_size, cache_length=cache_length,
-                                         n=n, prefill=is_prefill), topo.chip)
-      except DoesNotFit as e:
-        return dict(fits=False, error=str(e))
+      return call_program(model, target, batch_size=setting.batch_size, cache_length=cache_length, n=n,
+                          prefill=is_prefill)
     # A call's program depends on the model, the shapes and the mesh only: shared by every method.
-    call_key = dict(model=preset, vocab_size=setting.vocab_size, dtype=setting.dtype, batch_size=setting.batch_size,
-                    cache_length=cache_length, n=n, prefill=is_prefill, topology=topo.name, mesh=list(mesh_shape),
-                    versions=key["versions"])
-    calls[name] = cache.get(call_key, make)
+    call_key = dict(kind="call", model=preset, vocab_size=setting.vocab_size, dtype=setting.dtype,
+                    batch_size=setting.batch_size, cache_length=cache_length, n=n, prefill=is_prefill,
+                    topology=topo.name, chips=topo.chips, mesh=list(mesh_shape), versions=versions)
+    calls[name] = analyse_call(cache.get(call_key, lambda lowered=lowered: facts(lowered)), topo.chip)
   out["calls"] = calls
   # The block cost model is speculative decoding's (γ drafter steps, one verifier call).
   if setting.method == "speculative" and all("roofline_us" in calls[n]
@@ -476,25 +502,21 @@ def candidate_meshes(chips: int, batch_size: int) -> list[tuple[int, int]]:
                                                       reverse=True) if batch_size % (chips // model) == 0]
 
 
-def decode_memory(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, chips: int | None = None,
-                  cache: ProgramCache | None = None, progress: Callable[[str], None] = lambda _: None
-                  ) -> dict[str, Any]:
-  """Whether the decode program fits on the topology's first `chips` chips (default all) on a (data, model)
-  mesh: {"fits": True, "memory": per-chip bytes (`_memory`)} or {"fits": False, "required_bytes": what
-  libtpu said it needs, or None}. Cached by key."""
+def decode_facts(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, chips: int | None = None,
+                 cache: ProgramCache | None = None, progress: Callable[[str], None] = lambda _: None
+                 ) -> dict[str, Any]:
+  """The decode program's `facts` on the topology's first `chips` chips (default all) on a (data, model)
+  mesh, from the cache or compiled. `fits`: libtpu compiled it within a chip's HBM."""
   chips = chips or topo.chips
   check_mesh(mesh_shape, Topology(topo.name, topo.chip, topo.devices[:chips]), setting.batch_size)
-  key = dict(setting=setting.config(), topology=topo.name, chips=chips, mesh=list(mesh_shape), versions=_versions(),
-             program="decode_memory")
+  key = dict(kind="decode", setting=setting.config(), topology=topo.name, chips=chips, mesh=list(mesh_shape),
+             versions=_versions())
 
-  def make() -> dict[str, Any]:
+  def lowered() -> Any:
     progress(f"decode program ({setting.method}) on {chips} chip(s) of {topo.name}, mesh {mesh_shape}")
     drafter, verifier = abstract_pair(setting, _target(topo.devices[:chips], mesh_shape))
-    try:
-      return dict(fits=True, memory=_memory(decode_program(setting, drafter, verifier)))
-    except DoesNotFit as e:
-      return dict(fits=False, required_bytes=e.required)
-  return (cache or ProgramCache(None)).get(key, make)
+    return decode_program(setting, drafter, verifier)
+  return (cache or ProgramCache(None)).get(key, lambda: facts(lowered))
 
 
 def smallest_fitting_mesh(setting: Setting, topo: Topology, *, cache: ProgramCache | None = None,
@@ -504,7 +526,7 @@ def smallest_fitting_mesh(setting: Setting, topo: Topology, *, cache: ProgramCac
   chips = 1
   while chips <= topo.chips:
     for mesh_shape in candidate_meshes(chips, setting.batch_size):
-      found = decode_memory(setting, topo, mesh_shape, chips=chips, cache=cache, progress=progress)
+      found = decode_facts(setting, topo, mesh_shape, chips=chips, cache=cache, progress=progress)
       if found["fits"]:
         return dict(chips=chips, data=mesh_shape[0], model=mesh_shape[1], total_bytes=found["memory"]["total"])
     chips *= 2

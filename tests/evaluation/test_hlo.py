@@ -374,3 +374,26 @@ def test_tpu_mesh_program_reduces_inside_both_loops(tpu_programs):
   assert hlo.collectives(program, outer)["all-reduce"].count >= 1       # the einsum over the split D
   rows = hlo.summary(program, min_elements=CACHE_ELEMENTS // 4, selectors={"cache": hlo.dims_contain(128)})
   assert json.loads(json.dumps(rows)) == rows and rows[1]["cache"]["materialized"] == 0
+
+
+def test_padded_bytes_follow_the_tpu_tiling():
+  """A tile T(a,b) pads the two minor-most physical dims (the layout's first two) to multiples of a, b."""
+  def padded(text):
+    return hlo.parse_shapes(text)[0].padded_bytes
+  assert padded("bf16[8,2,134,128]{3,2,1,0:T(8,128)(2,1)}") == 8 * 2 * 136 * 128 * 2
+  assert padded("bf16[8,2,134,128]{3,1,2,0:T(2,128)(2,1)}") == 8 * 2 * 134 * 128 * 2     # H=2 is the tiled dim
+  assert padded("bf16[8,4,134,64]{3,2,1,0:T(8,128)(2,1)}") == 8 * 4 * 136 * 128 * 2      # head_dim 64: 2x
+  assert padded("u32[8]{0:T(128)}") == 128 * 4
+  assert padded("f32[8,6]{1,0}") == 8 * 6 * 4                                               # no tiling
+
+
+def test_entry_parameters_tell_the_arguments_a_program_reads():
+  import jax
+  import jax.numpy as jnp
+  # keep_unused: jit would drop the unused argument itself (a program may still keep parameters it never
+  # reads, e.g. under donation or a sharding annotation).
+  text = jax.jit(lambda used, unused: used * 2, keep_unused=True).lower(jnp.ones((4, 8)), jnp.ones((16,)))
+  text = text.compile().as_text()
+  program = hlo.parse(text)
+  assert [p.shapes[0].dims for p in hlo.entry_parameters(program)] == [(4, 8), (16,)]
+  assert [p.shapes[0].dims for p in hlo.entry_parameters(program, used_only=True)] == [(4, 8)]

@@ -107,20 +107,20 @@ def test_gemma_host_mesh_is_sized_from_the_compiled_program(monkeypatch):
   asked = []
 
   def answer(fits_from_model):
-    def decode_memory(setting, topology, mesh, **_):
+    def decode_facts(setting, topology, mesh, **_):
       asked.append((setting.method, setting.gamma, setting.batch_size, setting.prompt_width, mesh))
       return (dict(fits=True, memory=dict(total=30 << 30)) if mesh[1] >= fits_from_model
               else dict(fits=False, required_bytes=49 << 30))
-    return decode_memory
+    return decode_facts
 
   args = launch.parse_args([f"--config={GEMMA}", "--tpu=v4-8", "--bucket=gs://bkt", "--batch_size=32"])
-  monkeypatch.setattr(plan, "decode_memory", answer(fits_from_model=4))
+  monkeypatch.setattr(plan, "decode_facts", answer(fits_from_model=4))
   sizing = launch.gemma_sizing(args)
   assert sizing.compiled and sizing.mesh == (1, 4) and sizing.per_chip_bytes == 30 << 30
   assert "the compiled program needs 30.00 GiB per chip" in sizing.describe()
   # The sweep's speculative program (γ = 1 in the GSM8K config) at the batch and the task's budgets; the
   # (4, 1) mesh is not compiled: the 27B's weights alone exceed a chip.
   assert asked == [("speculative", 1, 32, 2048, (2, 2)), ("speculative", 1, 32, 2048, (1, 4))]
-  monkeypatch.setattr(plan, "decode_memory", answer(fits_from_model=8))
+  monkeypatch.setattr(plan, "decode_facts", answer(fits_from_model=8))
   with pytest.raises(ValueError, match=r"does not fit a v4-8 host .*\(2, 2\): 49.0 GiB.* lower --batch_size \(e.g. 16\)"):
     launch.gemma_sizing(args)

@@ -78,22 +78,23 @@ def test_specdec_plan_writes_a_report_and_reuses_its_cache(tmp_path, v4_8, monke
   argv = ["--topology", "v4-8", "--mesh", "2,2", "--drafter", "tiny", "--verifier", "tiny", "--vocab_size", "256",
           "--gamma", "3", "--batch_size", "4", "--prompt_width", "16", "--max_new_tokens", "16",
           "--acceptance", "0.5,0.9", "--cache_dir", str(tmp_path / "cache"), "--output", str(tmp_path / "plan.json")]
-  report = plan_cli.main(argv)
-  assert json.loads((tmp_path / "plan.json").read_text()) == json.loads(json.dumps(report))
+  written = plan_cli.main(argv)
+  assert json.loads((tmp_path / "plan.json").read_text()) == json.loads(json.dumps(written))
+  [report] = written["plans"]
   table = (tmp_path / "plan.md").read_text()
   assert "## Memory per chip" in table and "## Roofline tokens/s" in table
   assert report["program"]["fits"] and report["mesh"] == dict(data=2, model=2)
   assert set(report["calls"]) == {"verifier_step", "verifier_call", "verifier_prefill", "drafter_step",
                                   "drafter_prefill"}
   for call in report["calls"].values():
-    assert call["flops"] > 0 and call["hbm_bytes"] > 0
+    assert call["flops"] > 0 and call["hbm_bytes"] > 0 and call["padding"] >= 1
     assert call["collectives"]["all-reduce"]["count"] > 0    # a 'model' axis of 2: Megatron all-reduces
   assert [row["depth"] for row in report["program"]["loops"]] == [-1, 0, 1]
   speeds = report["speeds"]["speculative"]
   assert [row["acceptance"] for row in speeds] == [0.5, 0.9] and speeds[0]["speedup"] < speeds[1]["speedup"]
   # A re-run reads every analysis from the cache: nothing is compiled.
   monkeypatch.setattr(plan, "_compile", lambda lowered: pytest.fail("compiled again"))
-  assert plan_cli.main(argv) == report
+  assert plan_cli.main(argv) == written
 
 
 @pytest.mark.parametrize("argv,message", [
