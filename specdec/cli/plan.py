@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--gin_file", action="append", default=[], help="a sweep's config: plan its programs")
   parser.add_argument("--gin_bindings", action="append", default=[])
   parser.add_argument("--verifier", default=None, help="the verifier's model preset (e.g. gemma2_9b, t5_large)")
-  parser.add_argument("--drafter", default=None, help="the drafter's model preset (e.g. gemma2_2b, t5_small)")
+  parser.add_argument("--drafter", default=None, help="the drafter's model preset (e.g. gemma2_2b, t5_small), or "
+                      "'feature': a feature drafter (EAGLE) whose one-layer head is as wide as the verifier")
   parser.add_argument("--vocab_size", type=int, default=None)
   parser.add_argument("--method", default="speculative")
   parser.add_argument("--gamma", type=int, default=5)

@@ -44,9 +44,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specdec import decoding, models
-from specdec.decoding import common
+from specdec.decoding import feature_drafter
 from specdec.evaluation import hlo, results
-from specdec.models import base, partitioning
+from specdec.models import base, feature_head, partitioning
 
 GIB = 2**30
 
@@ -143,8 +143,8 @@ def _check_libtpu() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-  """One decode program: a pair of model presets (`models.build`; drafter None for a method without one),
-  the method and its parameters, shapes and dtype. Sampling at `temperature` (> 0 compiles the sampling
+  """One decode program: a pair of model presets (`models.build`; drafter None for a method without one,
+  `FEATURE` for a feature drafter over the verifier), the method and its parameters, shapes and dtype. Sampling at `temperature` (> 0 compiles the sampling
   path; its value and top_p are traced, so one program serves a sweep over them)."""
   verifier: str
   drafter: str | None
@@ -167,6 +167,12 @@ class Setting:
     return dataclasses.asdict(self) | {"params": dict(self.params)}
 
 
+# Setting.drafter for EAGLE's feature drafter (`decoding.feature_drafter`): a one-layer head as wide as the
+# verifier (its hidden size, heads and MLP width, as EAGLE's head is one decoder layer of the target's), reading
+# the verifier's hidden states, embeddings and output layer.
+FEATURE = "feature"
+
+
 def check_mesh(mesh_shape: tuple[int, int], topo: Topology, batch_size: int) -> None:
   """One line naming the constraint a (data, model) mesh breaks on a topology, or nothing."""
   data, model = mesh_shape
@@ -186,13 +192,33 @@ def abstract_pair(setting: Setting, target: Mesh | Any) -> tuple[Any, Any]:
   """(drafter or None, verifier) of `setting` as abstract models on `target` (no weights allocated)."""
   max_length = decoding_cache_length(setting)
 
-  def build(preset: str | None) -> Any:
-    if preset is None:
-      return None
+  def build(preset: str) -> Any:
     model = jax.eval_shape(lambda: models.build(preset, vocab_size=setting.vocab_size, max_length=max_length,
                                                 dtype=jnp.dtype(setting.dtype)))
     return partitioning.abstract_model(model, target)
-  return build(setting.drafter), build(setting.verifier)
+  verifier = build(setting.verifier)
+  if setting.drafter == FEATURE:
+    return abstract_feature_drafter(verifier, target, jnp.dtype(setting.dtype)), verifier
+  return (None if setting.drafter is None else build(setting.drafter)), verifier
+
+
+def abstract_feature_drafter(verifier: Any, target: Mesh | Any, dtype: Any) -> feature_drafter.FeatureDrafter:
+  """A feature drafter over an abstract verifier, its head (`FEATURE`) abstract on `target` too."""
+  missing = [name for name in ("hidden_size",) + feature_drafter.VERIFIER_METHODS if not hasattr(verifier, name)]
+  if missing:
+    raise ValueError(f"a feature drafter reads the verifier's hidden states through {', '.join(missing)}, which "
+                     f"{type(verifier).__name__} does not have")
+  cfg = verifier.config
+  config = feature_head.FeatureHeadConfig(emb_dim=verifier.hidden_size, vocab_size=verifier.vocab_size,
+                                          num_heads=cfg.num_heads, mlp_dim=getattr(cfg, "mlp_dim", None) or cfg.hidden_dim,
+                                          max_len=verifier.max_length, dtype=dtype)
+  head = jax.eval_shape(lambda: feature_head.init_from_config(config, jax.random.PRNGKey(0)))
+  return feature_drafter.FeatureDrafter(partitioning.abstract_model(head, target), verifier)
+
+
+def _network(drafter: Any) -> Any:
+  """What holds a drafter's own weights and cache: a feature drafter's head, else the model."""
+  return drafter.head if isinstance(drafter, feature_drafter.FeatureDrafter) else drafter
 
 
 def decoding_cache_length(setting: Setting) -> int:
@@ -293,6 +319,23 @@ def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_lengt
     else:
       lowered = jax.jit(lambda m, c, t: m.score(c, t)[:2], donate_argnums=1).lower(model, cache, tokens)
   return lowered
+
+
+def feature_step_program(drafter: feature_drafter.FeatureDrafter, target: Mesh | Any, *, batch_size: int,
+                         cache_length: int, n: int, logits: bool) -> Any:
+  """A feature drafter's head call lowered alone: n positions into its cache (donated), from features and
+  the verifier's embeddings of the tokens, and with `logits` its prediction read through the verifier's
+  output layer (a drafting step); without, the re-read of a verified block."""
+  cache = _abstract_cache(drafter.head, target, batch_size, cache_length)
+  features = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n, drafter.head.config.emb_dim),
+                                                              jnp.float32), target, batch_size)
+  tokens = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n), jnp.int32), target, batch_size)
+
+  def call(drafter, cache, features, tokens):
+    predicted, cache = drafter.head.score(cache, features, drafter.verifier.token_embeddings(tokens))
+    return (drafter.verifier.output_logits(predicted) if logits else predicted), cache
+  with _under(target):
+    return jax.jit(call, donate_argnums=1).lower(drafter, cache, features, tokens)
 
 
 def decode_program(setting: Setting, drafter: Any, verifier: Any) -> Any:
@@ -413,24 +456,26 @@ def expected_tokens_per_block(acceptance: float, gamma: int) -> float:
   return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
 
 
-def speeds(calls: dict[str, dict[str, Any]], *, batch_size: int, gamma: int, acceptances: Iterable[float]
-           ) -> dict[str, Any]:
+def speeds(calls: dict[str, dict[str, Any]], *, batch_size: int, gamma: int, acceptances: Iterable[float],
+           feature: bool = False) -> dict[str, Any]:
   """Roofline tokens/s (an upper bound: every call at its roofline time; sampling math and collective
   latency not counted) of the verifier alone and of speculative decoding per acceptance rate a.
 
   A block costs γ drafter steps, one verifier call of γ + 1 tokens and, when every draft is accepted
-  (probability a^γ), the drafter's step scoring its last draft (`ModelDrafter(bonus_q=False)`)."""
+  (probability a^γ), the drafter's step scoring its last draft (`ModelDrafter(bonus_q=False)`); a feature
+  drafter's block, the head's re-read of the verified block instead (`FeatureDrafter.verified`)."""
   step, verify, draft = (calls[name]["roofline_us"] for name in ("verifier_step", "verifier_call", "drafter_step"))
   autoregressive = batch_size / (step * 1e-6)
   rows = []
   for a in acceptances:
-    block_us = gamma * draft + verify + a ** gamma * draft
+    catch_up = calls["drafter_reread"]["roofline_us"] if feature else a ** gamma * draft
+    block_us = gamma * draft + verify + catch_up
     tokens = expected_tokens_per_block(a, gamma)
     speculative = batch_size * tokens / (block_us * 1e-6)
     rows.append(dict(acceptance=a, tokens_per_block=tokens, block_us=block_us, tokens_per_s=speculative,
                      speedup=speculative / autoregressive))
-  return dict(autoregressive_tokens_per_s=autoregressive, break_even_tokens_per_block=(gamma * draft + verify) / step,
-              speculative=rows)
+  fixed = gamma * draft + verify + (calls["drafter_reread"]["roofline_us"] if feature else 0.0)
+  return dict(autoregressive_tokens_per_s=autoregressive, break_even_tokens_per_block=fixed / step, speculative=rows)
 
 
 def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, acceptances: Sequence[float] = (0.6, 0.8),
@@ -463,9 +508,10 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
                                              block_shape=(setting.gamma + 1, vocab)))
   else:
     out["program"] = dict(fits=False, error=program["error"], required_bytes=program["required_bytes"])
-  out["pytrees"] = dict(weights=per_device_bytes([m.params for m in (drafter, verifier) if m is not None]),
+  networks = [_network(m) for m in (drafter, verifier) if m is not None]
+  out["pytrees"] = dict(weights=per_device_bytes([m.params for m in networks]),
                         caches=sum(per_device_bytes(_abstract_cache(m, target, setting.batch_size, cache_length))
-                                   for m in (drafter, verifier) if m is not None))
+                                   for m in networks))
   if not program["fits"] and search_mesh:
     out["smallest_fitting_mesh"] = smallest_fitting_mesh(setting, topo, cache=cache, progress=progress)
 
@@ -474,12 +520,18 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
   wanted = [("verifier_step", setting.verifier, verifier, 1, False),
             ("verifier_call", setting.verifier, verifier, width, False),
             ("verifier_prefill", setting.verifier, verifier, setting.prompt_width, True)]
-  if drafter is not None:
+  if setting.drafter == FEATURE:   # a head step drafting, and the head's re-read of a verified block
+    wanted += [("drafter_step", f"{FEATURE}:{setting.verifier}", drafter, 1, False),
+               ("drafter_reread", f"{FEATURE}:{setting.verifier}", drafter, setting.gamma, False)]
+  elif drafter is not None:
     wanted += [("drafter_step", setting.drafter, drafter, 1, False),
                ("drafter_prefill", setting.drafter, drafter, setting.prompt_width, True)]
   for name, preset, model, n, is_prefill in wanted:
     def lowered(model=model, n=n, is_prefill=is_prefill, name=name) -> Any:
       progress(f"{name} (n={n}) on {topo.name} mesh {mesh_shape}")
+      if isinstance(model, feature_drafter.FeatureDrafter):
+        return feature_step_program(model, target, batch_size=setting.batch_size, cache_length=cache_length, n=n,
+                                    logits=name == "drafter_step")
       return call_program(model, target, batch_size=setting.batch_size, cache_length=cache_length, n=n,
                           prefill=is_prefill)
     # A call's program depends on the model, the shapes and the mesh only: shared by every method.
@@ -489,9 +541,10 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
     calls[name] = analyse_call(cache.get(call_key, lambda lowered=lowered: facts(lowered)), topo.chip)
   out["calls"] = calls
   # The block cost model is speculative decoding's (γ drafter steps, one verifier call).
-  if setting.method == "speculative" and all("roofline_us" in calls[n]
-                                             for n in ("verifier_step", "verifier_call", "drafter_step")):
-    out["speeds"] = speeds(calls, batch_size=setting.batch_size, gamma=setting.gamma, acceptances=acceptances)
+  needed = ("verifier_step", "verifier_call", "drafter_step") + (("drafter_reread",) if setting.drafter == FEATURE else ())
+  if setting.method == "speculative" and all("roofline_us" in calls[n] for n in needed):
+    out["speeds"] = speeds(calls, batch_size=setting.batch_size, gamma=setting.gamma, acceptances=acceptances,
+                           feature=setting.drafter == FEATURE)
   return out
 
 

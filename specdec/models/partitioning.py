@@ -46,14 +46,17 @@ _LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"^(en|de)coder/relpos_bias/rel_embedding$", ("heads", "relpos_buckets")),
     (r"^decoder/logits_dense/kernel$", ("embed", "vocab")),
     (r"^(en|de)coder/.*/scale$", ("embed",)),
-    # TransformerLM: models/transformer.py ([E, H, D] projections, LayerNorm scale and bias)
+    # TransformerLM: models/transformer.py ([E, H, D] projections, LayerNorm scale and bias), and a feature
+    # drafter's one-layer head (models/feature_head.py: "block", and "fc" over [features; embeddings])
     (r"^embed/embedding$", ("vocab", "embed")),
-    (r"^block_\d+/attention/(query|key|value)/kernel$", ("embed", "heads", "kv")),
-    (r"^block_\d+/attention/out/kernel$", ("heads", "kv", "embed")),
-    (r"^block_\d+/mlp/dense_in/kernel$", ("embed", "mlp")),
-    (r"^block_\d+/mlp/dense_in/bias$", ("mlp",)),
-    (r"^block_\d+/mlp/dense_out/kernel$", ("mlp", "embed")),
-    (r"^(block_\d+/)?(ln_attention|ln_mlp|final_norm|mlp/dense_out)/(scale|bias)$", ("embed",)),
+    (r"^block(_\d+)?/attention/(query|key|value)/kernel$", ("embed", "heads", "kv")),
+    (r"^block(_\d+)?/attention/out/kernel$", ("heads", "kv", "embed")),
+    (r"^block(_\d+)?/mlp/dense_in/kernel$", ("embed", "mlp")),
+    (r"^block(_\d+)?/mlp/dense_in/bias$", ("mlp",)),
+    (r"^block(_\d+)?/mlp/dense_out/kernel$", ("mlp", "embed")),
+    (r"^(block(_\d+)?/)?(ln_attention|ln_mlp|final_norm|mlp/dense_out)/(scale|bias)$", ("embed",)),
+    (r"^fc/kernel$", ("embed", "embed")),
+    (r"^fc/bias$", ("embed",)),
     # Gemma 2 (the gemma library's names): models/gemma2.py; the leading 2 of kv_einsum / gating_einsum
     # (keys and values; gate and up) is replicated.
     (r"^embedder/input_embedding$", ("vocab", "embed")),

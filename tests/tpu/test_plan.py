@@ -114,3 +114,18 @@ def test_without_libtpu_it_says_how_to_install(monkeypatch):
   monkeypatch.setattr(plan, "libtpu_version", lambda: None)
   with pytest.raises(ImportError, match="pip install -c constraints.txt libtpu"):
     plan.topology("v4-8")
+
+
+def test_a_feature_drafter_is_planned_with_its_head_step_and_reread(tmp_path):
+  """`--drafter feature`: EAGLE's head over the verifier, its drafting step (the head and the verifier's
+  output layer) and its re-read of a verified block each compiled alone, in the block's cost."""
+  written = plan_cli.main(["--topology", "v4-1chip", "--drafter", "feature", "--verifier", "tiny", "--vocab_size",
+                           "256", "--gamma", "3", "--batch_size", "2", "--prompt_width", "16", "--max_new_tokens", "16",
+                           "--acceptance", "0.5", "--cache_dir", str(tmp_path)])
+  [report] = written["plans"]
+  assert report["program"]["fits"]
+  calls = report["calls"]
+  assert set(calls) == {"verifier_step", "verifier_call", "verifier_prefill", "drafter_step", "drafter_reread"}
+  [row] = report["speeds"]["speculative"]
+  assert row["block_us"] == pytest.approx(3 * calls["drafter_step"]["roofline_us"] + calls["verifier_call"]["roofline_us"]
+                                          + calls["drafter_reread"]["roofline_us"])
