@@ -388,19 +388,19 @@ def analyse_call(program_facts: dict[str, Any], chip: Chip) -> dict[str, Any]:
               memory=memory)
 
 
-def analyse_loop(hlo_text: str, *, cache_elements: int, cache_length: int, block_shape: tuple[int, int]
+def analyse_loop(hlo_text: str, *, cache_elements: int, cache_length: int, width: int, vocabs: Sequence[int]
                  ) -> list[dict[str, Any]]:
   """Per scope of the decode program (outside loops, each loop): relayouts and HBM↔on-chip round trips
   of arrays of at least one layer's KV cache per device with a cache_length dimension, copies of
-  [.., γ + 1, V] arrays (`block_shape` = (γ + 1, V per device)), and collectives."""
+  [.., γ + 1, V] arrays (`width` = γ + 1; `vocabs`: V whole, as the sampling math holds it after the
+  logits' gather, and V per device), and collectives."""
   program = hlo.parse(hlo_text)
-  width, vocab = block_shape
 
   def cache_sized(dims: Sequence[int]) -> bool:
     return cache_length in dims and math.prod(dims) >= cache_elements
 
   def block_sized(dims: Sequence[int]) -> bool:   # [.., γ+1, V] and its [.., γ+1, V/128, 128] tiling
-    return width in dims and (vocab in dims or (vocab % 128 == 0 and vocab // 128 in dims))
+    return width in dims and any(v in dims or (v % 128 == 0 and v // 128 in dims) for v in vocabs)
 
   return hlo.summary(program, min_elements=1, selectors=dict(cache=cache_sized, block=block_sized))
 
@@ -505,7 +505,7 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
     vocab = setting.vocab_size // model if setting.vocab_size % model == 0 else setting.vocab_size
     out["program"] = dict(fits=True, memory=program["memory"],
                           loops=analyse_loop(program["hlo"], cache_elements=cache_elements, cache_length=cache_length,
-                                             block_shape=(setting.gamma + 1, vocab)))
+                                             width=setting.gamma + 1, vocabs=sorted({setting.vocab_size, vocab})))
   else:
     out["program"] = dict(fits=False, error=program["error"], required_bytes=program["required_bytes"])
   networks = [_network(m) for m in (drafter, verifier) if m is not None]
