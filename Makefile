@@ -11,17 +11,20 @@ $(STAMP): setup.py constraints.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-# One pytest process per folder of tests/ (found, not listed), two at a time: scripts/run_tests.py. XLA:CPU
-# segfaulted while compiling late in one long process (every compiled program maps ~3 memory regions per
-# compiled object, and a few hundred programs reach Linux's vm.max_map_count, 65,530): tests/conftest.py
-# frees compiled programs after each module, and fresh processes per folder keep the count low too.
+# One pytest process per folder of tests/ (found, not listed; the two largest folders one per file), two at a
+# time: scripts/run_tests.py. XLA:CPU segfaulted while compiling late in one long process (every compiled
+# program maps ~3 memory regions per compiled object, and a few hundred programs reach Linux's
+# vm.max_map_count, 65,530): tests/conftest.py frees compiled programs after each module, and fresh processes
+# per group keep the count low too.
 TEST_JOBS ?= 2
 
 test: $(STAMP)
 	$(BIN)/python scripts/run_tests.py --jobs $(TEST_JOBS)
 
+# Only the tests marked slow (extra cases of claims the default run already checks: docs/testing.md), in
+# the same groups and processes as `make test`.
 test-slow: $(STAMP)
-	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -q -m slow --run-slow tests
+	$(BIN)/python scripts/run_tests.py --jobs $(TEST_JOBS) --slow
 
 # On the backend JAX finds (GPU, TPU; the CPU when it finds nothing else): the core, decoding-law and model
 # tests, float32 matmuls at full precision (tests/backends.py). docs/testing.md.

@@ -8,14 +8,38 @@ if not ON_DEVICE:
 import pytest  # noqa: E402
 
 
+# JAX's persistent compilation cache: on a device `.cache/jax` (programs compiled by one device run are reused
+# by the next: XLA:GPU compiles take seconds each); on the CPU only the directory scripts/run_tests.py makes
+# for one run and hands to all its groups, so that a decode loop compiled by one test module is read back,
+# not compiled again, by the later modules and groups that run it (`release_compiled_programs` drops it from
+# memory). A plain `pytest` compiles everything.
+CACHE_ENV = "SPECDEC_TEST_CACHE"
+_CACHE_EVENTS = {"/jax/compilation_cache/compile_requests_use_cache": "looked up",
+                 "/jax/compilation_cache/cache_hits": "read back"}
+_cache_counts = dict.fromkeys(_CACHE_EVENTS.values(), 0)
+
+
 def pytest_configure(config):
-  if ON_DEVICE:
+  default = os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache", "jax") if ON_DEVICE else None
+  cache_dir = os.environ.get(CACHE_ENV, default)
+  if ON_DEVICE or cache_dir:
     import jax
+  if ON_DEVICE:
     jax.config.update("jax_default_matmul_precision", "highest")
-    # Programs compiled by one device run are reused by the next (XLA:GPU compiles take seconds each).
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "SPECDEC_TEST_CACHE", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache", "jax")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  if cache_dir:
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # small programs too
+
+    def count(event, **_):
+      if event in _CACHE_EVENTS:
+        _cache_counts[_CACHE_EVENTS[event]] += 1
+    jax.monitoring.register_event_listener(count)
+
+
+def pytest_terminal_summary(terminalreporter):
+  if _cache_counts["looked up"]:
+    terminalreporter.write_line("persistent compilation cache: {read back} of {looked up} programs read back, "
+                                "not compiled".format(**_cache_counts))
 
 
 def pytest_addoption(parser):

@@ -56,9 +56,13 @@ def assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=1
   return ambiguous
 
 
-@pytest.mark.parametrize("pair", ["toy", "transformer"])
-@pytest.mark.parametrize("gamma", [1, 3, 7])
-@pytest.mark.parametrize("batch", [1, 8])
+# The default run covers each batch size and each γ for both pairs; the other cases are slow (make test-slow).
+GREEDY_DEFAULT = {(8, 1), (1, 3), (8, 7)}
+
+
+@pytest.mark.parametrize("batch, gamma, pair", [
+    pytest.param(batch, gamma, pair, marks=() if (batch, gamma) in GREEDY_DEFAULT else pytest.mark.slow)
+    for pair in ("toy", "transformer") for gamma in (1, 3, 7) for batch in (1, 8)])
 def test_greedy_speculative_equals_verifier_greedy(pair, gamma, batch):
   """200 prompts of mixed lengths per case, float32. The toy model's logits are table lookups, so
   equality is exact. The transformer computes a position's logits through different batched matmuls
@@ -117,10 +121,14 @@ def test_speculative_counters_are_consistent(rule, alpha):
   assert s.accepted.sum() > 0 and s.rejected.sum() > 0
 
 
-@pytest.mark.parametrize("method, rule", [("speculative", "spec"), ("token_cascade", "chow"),
-                                          ("oracle_cascade", "diff"), ("bild", "spec"),
-                                          ("seq_cascade", "spec"), ("autoregressive", "spec")])
-@pytest.mark.parametrize("pair", ["toy", "transformer"])
+# Every method on the toy pair; the transformer pair (its batched matmuls) in the default run with the
+# speculative and autoregressive loops, the other methods' cases slow.
+@pytest.mark.parametrize("pair, method, rule", [
+    pytest.param(pair, method, rule, marks=pytest.mark.slow if pair == "transformer" and method not in (
+        "speculative", "autoregressive") else ())
+    for pair in ("toy", "transformer")
+    for method, rule in [("speculative", "spec"), ("token_cascade", "chow"), ("oracle_cascade", "diff"), ("bild", "spec"),
+                         ("seq_cascade", "spec"), ("autoregressive", "spec")]])
 def test_batch_invariance_greedy(method, rule, pair):
   drafter, verifier = PAIRS[pair]()
   prompts, lengths = _prompts(np.random.default_rng(2), 6, 6, V)
