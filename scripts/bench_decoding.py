@@ -18,7 +18,9 @@ cost allows if every draft were accepted, and the acceptance 1.5x would need at 
   python scripts/bench_decoding.py --task debian_en_de --source outputs/debian --verifier data/models/debian_verifier \
       --drafter data/models/debian_drafter_distilled maxgram csd:data/models/debian_drafter_distilled:lower_gamma=4
 
-With CS Drafting cascades each run also prints CSD's EWIF from its measured acceptance and costs.
+With CS Drafting cascades each run also prints CSD's EWIF from its measured acceptance and costs. `--trees K …`
+adds EAGLE-2's dynamic tree (`dynamic_tree`, K beams of γ) with each drafter: tokens per verifier call
+against the chain's, positions scored per call and the speed-up.
 
 Random-weight models (no `--task`; presets, the paper's LM1B sizes), batch size 1, greedy, one run:
   1. identical drafter and verifier: every draft is accepted (α = 1), so the measured speedup isolates
@@ -198,16 +200,18 @@ def trained_pairs(args: argparse.Namespace) -> None:
     c_gamma = _score_seconds(verifier, gamma + 1, prefix, 50) / t1
     print(f"gamma={gamma}: the verifier scores gamma+1 tokens at {c_gamma:.2f}x one token")
   for temperature in args.temperatures:
-    runs = [("verifier alone", None, "autoregressive", 1)] + [
-        (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma)
-        for gamma in args.gamma for name, (factory, *_) in drafters.items()]
+    runs = [("verifier alone", None, "autoregressive", 1, {})] + [
+        (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma, {})
+        for gamma in args.gamma for name, (factory, *_) in drafters.items()] + [
+        (f"{name} tree K={k} gamma={gamma}", factory(gamma), "dynamic_tree", gamma, {"num_drafts": k})
+        for k in args.trees for gamma in args.gamma for name, (factory, *_) in drafters.items()]
 
-    def decode(drafter, method, gamma, group, key):
+    def decode(drafter, method, gamma, params, group, key):
       # Prompts as a user passes them: the group's longest (rounded up to 32: few shapes to compile).
       width = -(-int(lengths[group].max()) // 32) * 32
       return decoding.generate(key, drafter, verifier, prompts[group, :width], lengths[group],
                                method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
-                               eos_id=eos_id)
+                               eos_id=eos_id, **params)
 
     def decode_inner(model, k):
       """Per-token acceptance of Max-Gram drafts (k per block) under `model` alone, over the prompts."""
@@ -223,17 +227,17 @@ def trained_pairs(args: argparse.Namespace) -> None:
 
     groups = [np.arange(start, min(start + args.batch, len(rows))) for start in range(0, len(rows), args.batch)]
     for group in groups:  # compile every prompt width
-      for _, drafter, method, gamma in runs:
-        jax.block_until_ready(decode(drafter, method, gamma, group, jax.random.PRNGKey(0)).tokens)
+      for _, drafter, method, gamma, params in runs:
+        jax.block_until_ready(decode(drafter, method, gamma, params, group, jax.random.PRNGKey(0)).tokens)
     seconds = np.zeros(len(runs))
-    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls", "blocks"), 0)
-              for _ in runs]
+    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls",
+                             "verifier_positions", "blocks"), 0) for _ in runs]
     for trial in range(args.trials):
       for number, group in enumerate(groups):
         key = jax.random.PRNGKey(trial * len(groups) + number)
-        for i, (_, drafter, method, gamma) in enumerate(runs):
+        for i, (_, drafter, method, gamma, params) in enumerate(runs):
           start = time.perf_counter()
-          out = decode(drafter, method, gamma, group, key)
+          out = decode(drafter, method, gamma, params, group, key)
           jax.block_until_ready(out.tokens)
           seconds[i] += time.perf_counter() - start
           for stat in totals[i]:
@@ -242,9 +246,14 @@ def trained_pairs(args: argparse.Namespace) -> None:
           totals[i]["blocks"] += int(np.max(out.stats.verifier_calls))   # the batch's calls: its slowest row's
     per_token = [seconds[i] / max(totals[i]["generated"], 1) for i in range(len(runs))]
     print(f"temperature {temperature}: {args.trials} trial(s) x {len(rows)} examples, batch {args.batch}")
-    for i, (label, _, method, _) in enumerate(runs):
+    for i, (label, _, method, _, _) in enumerate(runs):
       t = totals[i]
       line = f"  {label:<32} {per_token[i] * 1e3:6.2f} ms/token"
+      if method == "dynamic_tree":   # K beams of γ: the chain's acceptance formulas do not apply
+        line += (f" | {t['generated'] / max(t['verifier_calls'], 1):.2f} tokens/verifier call, "
+                 f"{t['verifier_positions'] / max(t['verifier_calls'], 1):.1f} positions scored/call, "
+                 f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block | "
+                 f"speed-up {per_token[0] / per_token[i]:.2f}x")
       if method == "speculative":
         gamma = runs[i][3]
         # Mean wall-clock of a block of the whole batch, prefills included.
@@ -265,6 +274,8 @@ def trained_pairs(args: argparse.Namespace) -> None:
     alphas = {runs[i][0]: _acceptance_for(totals[i]["generated"] / max(totals[i]["verifier_calls"], 1), runs[i][3])
               for i in range(1, len(runs))}
     for i in range(1, len(runs)):
+      if runs[i][2] != "speculative":
+        continue
       name, gamma = runs[i][0].rsplit(" gamma=", 1)
       ewif = _ewif(name, int(gamma), alphas, drafters, costs, grams_cost[1] / t1, totals[i], temperature, decode_inner)
       print(f"  {runs[i][0]:<32} EWIF (CS Drafting) {ewif}")
@@ -279,6 +290,8 @@ def _plot_rates(path: str, runs: list, totals: list, per_token: list, title: str
   import matplotlib.pyplot as plt
   series: dict[str, list] = {}
   for i in range(1, len(runs)):
+    if runs[i][2] != "speculative":
+      continue
     name, gamma = runs[i][0].rsplit(" gamma=", 1)
     family = name.split(" h=")[0] + (f" Γ={gamma}" if " h=" in name else "")
     t = totals[i]
@@ -400,6 +413,8 @@ def main() -> None:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--vocab", type=int, default=32_000)
   parser.add_argument("--gamma", type=int, nargs="+", default=[3, 5])
+  parser.add_argument("--trees", type=int, nargs="*", default=[],
+                      help="(--task) also EAGLE-2's dynamic tree (method dynamic_tree) with K beams, per K given")
   parser.add_argument("--tokens", type=int, default=None,
                       help="new tokens (default: 64 for random weights, the task's target budget with --task)")
   parser.add_argument("--prompt", type=int, default=32)

@@ -441,10 +441,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   if drafter_directory is not None:
     parts = exports.load_parts(parts_directory, method.export_parts, user=f"--method {method.name}",
                                option="--head DIR")
-    if exports.is_feature_head(drafter_directory) and (method.drafter != "any" or method.export_parts):
-      raise ValueError(f"--drafter {args.drafter} is a feature drafter (a head over the verifier's hidden states); "
-                       f"--method {method.name} needs a drafter model: use it with --method "
-                       f"{' or '.join(m.name for m in decoding.METHODS.values() if m.drafter == 'any' and not m.export_parts)}")
+    if exports.is_feature_head(drafter_directory):
+      exports.check_feature_drafter_method(method, f"--drafter {args.drafter}")
     drafter = exports.drafter_for(method, exports.load_drafter(drafter_directory, verifier), parts)
   if vocab.vocab_size > verifier.vocab_size:
     raise ValueError(f"--vocab has {vocab.vocab_size} pieces, more than the verifier's {verifier.vocab_size} "

@@ -102,7 +102,10 @@ def required_cache_length(method: Method, params: dict[str, Any], verifier: Mode
   encoder-decoder), the new tokens, the method's overhang (`Method.cache_overhang`: one step's writes
   beyond them) and the drafter's (`Drafter.cache_overhang`: a cascade's review call). `params`: resolved;
   `drafter`: as the method's decode function gets it (None, a model or a `Drafter`)."""
-  networks = [verifier] + ([] if drafter is None else [drafter.model if isinstance(drafter, ModelDrafter) else drafter])
+  # A drafter that reads the verifier (a feature drafter) holds the verifier's positions.
+  reads_verifier = isinstance(drafter, Drafter) and drafter.reads_verifier
+  networks = [verifier] + ([] if drafter is None or reads_verifier
+                           else [drafter.model if isinstance(drafter, ModelDrafter) else drafter])
   overhang = method.cache_overhang(params) + (drafter.cache_overhang if isinstance(drafter, Drafter) else 0)
   return max(base.prompt_cache_positions(m, prompt_width) for m in networks) + max_new_tokens + overhang
 
@@ -118,7 +121,7 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
 {methods}
   Sampling: `sampling=Sampling(temperature, top_p, top_k)` or the three as keyword arguments (default
   temperature 1, no truncation). `drafter`: a model or any `drafters.Drafter` (speculative, bild, spectr,
-  specinfer: the methods whose drafter is 'any'). Rows
+  specinfer, dynamic_tree: the methods whose drafter is 'any'). Rows
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).
   Randomness is per row: row b draws from fold_in(key, row_ids[b]) alone (`specdec.rng`; default ids
   0 … B−1), so a prompt's sample depends on (key, its id), not on its batch position or the batch size.

@@ -5,7 +5,7 @@ calls. Every lossless method keeps the verifier's law whatever the drafter propo
 acceptance test decides what is emitted, so a new way to draft is a new `Drafter`, not a new loop.
 
   state, last = drafter.start(prompts [B, L], prompt_lengths [B], cache_length)
-  draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None)
+  draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None, beam=None)
   state = drafter.verified(draft.state, Verified(…))      # after verification (default: a rollback)
   state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
 
@@ -19,6 +19,9 @@ draft) leaves that draft out of its cache (`Draft.pending`: a γ+1-th call saved
 rejected); the caller then completes the rows that commit it:
 
   draft = drafter.catch_up(draft, rows [B], sampling)   # only when draft.pending is not None
+
+A drafter that `keeps_copies` (K copies of each row, for the multi-draft methods) also takes a `BeamSearch`:
+the copies then become beams that choose their tokens jointly (EAGLE-2's dynamic tree), not samples.
 
 Drafters that can join a horizontal cascade also read tokens without drafting:
 
@@ -77,6 +80,39 @@ class Verified:
   hidden: Array | None = None
 
 
+@struct.dataclass
+class BeamSearch:
+  """EAGLE-2's expansion of a dynamic draft tree (Li et al., EMNLP 2024, §4.1) as a beam search over K
+  copies of each row (rows b·K … b·K + K − 1 of a [B·K] drafter state, `multi_draft.IIDDrafts`' layout).
+
+  A node's value is the product of the drafter's confidences along its path, Π_j q_raw(x_j | x_<j) (q at
+  temperature 1, the drafter's own confidence, whatever the target's sampling). At each depth the K
+  highest-valued children of the K current beams (K·V candidates) become the next beams: copy k takes its
+  parent's state and appends its token. The drafts are a deterministic function of the drafter's state, not
+  samples: a verifier must treat each as a proposal q = δ_x (`multi_draft`'s `dynamic_tree`)."""
+  num_beams: int = struct.field(pytree_node=False)
+
+  def start(self, rows: int) -> Array:
+    """Log values [rows] of the K copies of each row before drafting: 0 for copy 0, −∞ for the others (the
+    copies are identical, so only copy 0's children are candidates at depth 1)."""
+    return jnp.where(jnp.arange(rows) % self.num_beams == 0, 0.0, -jnp.inf).astype(jnp.float32)
+
+  def step(self, log_values: Array, q_raw: Array) -> tuple[Array, Array, Array]:
+    """The next beams from log values [B·K] and each beam's q_raw [B·K, V]: (tokens [B·K], the copy each
+    new beam extends (a row index into the [B·K] state) [B·K], their log values [B·K])."""
+    rows_k, vocab = q_raw.shape
+    k = self.num_beams
+    candidates = (log_values[:, None] + jnp.log(q_raw)).reshape(rows_k // k, k * vocab)
+    top_values, top = jax.lax.top_k(candidates, k)                                 # [B, K]
+    parent = (jnp.arange(rows_k // k)[:, None] * k + top // vocab).reshape(rows_k)
+    return (top % vocab).reshape(rows_k).astype(jnp.int32), parent, top_values.reshape(rows_k)
+
+
+def take_rows(tree: Any, rows: Array) -> Any:
+  """Every leaf of a pytree of [N, …] arrays with its rows reordered: out[i] = x[rows[i]]."""
+  return jax.tree.map(lambda x: x[rows], tree)
+
+
 class Drafter:
   """What speculative methods need from whatever proposes drafts (module docstring). A subclass (a
   `flax.struct.dataclass`) implements `vocab_size`, `start`, `propose` and `rollback`; the other members
@@ -102,8 +138,9 @@ class Drafter:
     raise NotImplementedError
 
   def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
-              keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
-    """Up to `max_drafts` drafts after `last` [B]; `keep_drafting(q_raw_j) -> [B]` may stop rows early."""
+              keep_drafting: Callable[[Array], Array] | None = None, beam: BeamSearch | None = None) -> Draft:
+    """Up to `max_drafts` drafts after `last` [B]; `keep_drafting(q_raw_j) -> [B]` may stop rows early;
+    `beam` (drafters that `keeps_copies`): the copies draft as beams, not samples."""
     raise NotImplementedError
 
   def rollback(self, state: Any, lengths: Array) -> Any:
@@ -149,6 +186,7 @@ class _DraftCarry:
   drafting: Array             # [B] the row is still drafting
   n_drafted: Array            # [B]
   all_accepted: Array         # [B] SpecDec++: Π_i P̂(draft i accepted) over this block's drafts
+  log_values: Array           # [B] a beam's log value (`BeamSearch`; unused when sampling)
 
 
 @struct.dataclass
@@ -208,13 +246,14 @@ class ModelDrafter(Drafter):
     return jax.lax.cond(jnp.any(counts > 0), score, lambda cache: cache, state)
 
   def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
-              keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
+              keep_drafting: Callable[[Array], Array] | None = None, beam: BeamSearch | None = None) -> Draft:
     """Scores `last` then each new draft, up to `max_drafts` drafts. A row that stops (keep_drafting
     False, BiLD's fallback; the head) drafts no more, and the loop ends when every row has stopped, so at
     batch size 1 no call is wasted. A row makes n_drafted + 1 calls, the last one scoring its final draft
     (q after it, and the decision to stop); with `bonus_q` False a row that drafts all `max_drafts` makes
     max_drafts calls and leaves its last draft `pending` (`catch_up`), since only a full acceptance
-    commits it."""
+    commits it. With `beam` the copies draft as beams: after each call every copy takes its parent beam's
+    cache (a gather of the [B·K] cache per draft: a cost of beams over samples)."""
     batch, vocab = last.shape[0], self.model.vocab_size
     keys = rng.split(key, max_drafts + 1)
     last_step = max_drafts if self.bonus_q else max_drafts - 1
@@ -238,19 +277,26 @@ class ModelDrafter(Drafter):
         go_on &= 1.0 - all_accepted <= self.stop_threshold
       if keep_drafting is not None:
         go_on &= keep_drafting(q_raw_j)
-      x = sampling_lib.sample(keys[c.step], q_j)
+      log_values, tokens = c.log_values, c.tokens
+      if beam is None:
+        x = sampling_lib.sample(keys[c.step], q_j)
+      else:   # every copy drafts in step with the others (no head, no keep_drafting): go_on is the same for all
+        x, parent, log_values = beam.step(c.log_values, q_raw_j)
+        parent = jnp.where(go_on, parent, jnp.arange(batch))
+        cache, tokens, q, q_raw = take_rows((cache, tokens, q, q_raw), parent)
       slot = jnp.minimum(c.step, max_drafts - 1)
-      tokens = c.tokens.at[:, slot].set(jnp.where(go_on, x, c.tokens[:, slot]))
+      tokens = tokens.at[:, slot].set(jnp.where(go_on, x, tokens[:, slot]))
       # Rows that stopped keep being scored (static batch) but the rollback after verification resets them.
       return _DraftCarry(step=c.step + 1, cache=cache, token=jnp.where(go_on, x, c.token), tokens=tokens,
                          q=q, q_raw=q_raw, drafting=go_on, n_drafted=c.n_drafted + go_on,
-                         all_accepted=all_accepted)
+                         all_accepted=all_accepted, log_values=log_values)
 
     zeros = jnp.zeros((batch, max_drafts + 1, vocab), jnp.float32)
     start = _DraftCarry(step=jnp.int32(0), cache=state, token=last,
                         tokens=jnp.zeros((batch, max_drafts), jnp.int32), q=zeros, q_raw=zeros,
                         drafting=jnp.ones((batch,), bool), n_drafted=jnp.zeros((batch,), jnp.int32),
-                        all_accepted=jnp.ones((batch,), jnp.float32))
+                        all_accepted=jnp.ones((batch,), jnp.float32),
+                        log_values=jnp.zeros((batch,), jnp.float32) if beam is None else beam.start(batch))
     end = jax.lax.while_loop(cond, body, start)
     if self.bonus_q:
       return Draft(tokens=end.tokens, q=end.q, q_raw=end.q_raw, n_drafted=end.n_drafted,

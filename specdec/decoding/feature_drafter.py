@@ -26,8 +26,8 @@ from flax import struct
 
 from specdec import rng
 from specdec import sampling as sampling_lib
-from specdec.decoding.drafters import Draft, Drafter, Verified
-from specdec.models.base import Cache, Model, rollback
+from specdec.decoding.drafters import BeamSearch, Draft, Drafter, Verified, take_rows
+from specdec.models.base import Cache, Model, is_encoder_decoder, rollback
 from specdec.models.feature_head import FeatureHead, verifier_fingerprint
 
 Array = jax.Array
@@ -64,6 +64,11 @@ class FeatureDrafter(Drafter):
   def reads_verifier(self) -> bool:
     return True
 
+  @property
+  def encoder_decoder(self) -> bool:
+    """A T5 verifier's: the head reads its decoder's hidden states, at its decoder positions."""
+    return is_encoder_decoder(self.verifier)
+
   def check_verifier(self, verifier: Model) -> None:
     check_pair(self.head, verifier)
     if verifier is not self.verifier and verifier_fingerprint(verifier) != verifier_fingerprint(self.verifier):
@@ -71,7 +76,8 @@ class FeatureDrafter(Drafter):
                        "it with feature_drafter.FeatureDrafter(head, verifier) for the verifier you decode with")
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[FeatureState, Array]:
-    """An empty head cache; the prompt is read by `verified` from the verifier's prefill."""
+    """An empty head cache; the prompt is read by `verified` from the verifier's prefill (a T5 verifier's
+    decoder reads nothing of it: the loop hands over its decoder start token as the pending token)."""
     batch = prompts.shape[0]
     last = prompts[jnp.arange(batch), prompt_lengths - 1].astype(jnp.int32)
     feature = jnp.zeros((batch, self.head.config.emb_dim), jnp.float32)
@@ -111,15 +117,18 @@ class FeatureDrafter(Drafter):
     return FeatureState(cache=cache, feature=jnp.where((block.count > 0)[:, None], feature, state.feature))
 
   def propose(self, key: Array, state: FeatureState, last: Array, *, max_drafts: int,
-              sampling: sampling_lib.Sampling, keep_drafting: Callable[[Array], Array] | None = None) -> Draft:
+              sampling: sampling_lib.Sampling, keep_drafting: Callable[[Array], Array] | None = None,
+              beam: BeamSearch | None = None) -> Draft:
     """γ = max_drafts drafts, each from the head's predicted feature (γ + 1 calls with `bonus_q`). A row
-    that stops (keep_drafting False: BiLD's fallback) drafts no more; calls run for the whole batch."""
+    that stops (keep_drafting False: BiLD's fallback) drafts no more; calls run for the whole batch. With
+    `beam` the copies draft as beams (EAGLE-2's dynamic tree): each takes its parent beam's head cache and
+    predicted feature after every call."""
     batch, vocab = last.shape[0], self.vocab_size
     calls = max_drafts + 1 if self.bonus_q else max_drafts
     keys = rng.split(key, max_drafts + 1)
 
     def body(step, carry):
-      cache, feature, token, tokens, q, q_raw, drafting, n_drafted = carry
+      cache, feature, token, tokens, q, q_raw, drafting, n_drafted, log_values = carry
       predicted, cache = self.head.score(cache, feature[:, None], self.verifier.token_embeddings(token[:, None]))
       logits = self.verifier.output_logits(predicted)[:, 0]
       q_raw_j, q_j = sampling.distributions(logits)
@@ -129,15 +138,23 @@ class FeatureDrafter(Drafter):
       go_on = drafting & (step < max_drafts)
       if keep_drafting is not None:
         go_on &= keep_drafting(q_raw_j)
-      x = sampling_lib.sample(keys[step], q_j)
+      predicted = predicted[:, 0]
+      if beam is None:
+        x = sampling_lib.sample(keys[step], q_j)
+      else:   # the copies draft in step (no keep_drafting with beams): go_on is the same for all
+        x, parent, log_values = beam.step(log_values, q_raw_j)
+        parent = jnp.where(go_on, parent, jnp.arange(batch))
+        cache, predicted, tokens, q, q_raw = take_rows((cache, predicted, tokens, q, q_raw), parent)
       slot = jnp.minimum(step, max_drafts - 1)
       tokens = tokens.at[:, slot].set(jnp.where(go_on, x, tokens[:, slot]))
-      return (cache, predicted[:, 0], jnp.where(go_on, x, token), tokens, q, q_raw, go_on, n_drafted + go_on)
+      return (cache, predicted, jnp.where(go_on, x, token), tokens, q, q_raw, go_on, n_drafted + go_on,
+              log_values)
 
     zeros = jnp.zeros((batch, max_drafts + 1, vocab), jnp.float32)
     carry = (state.cache, state.feature, last, jnp.zeros((batch, max_drafts), jnp.int32), zeros, zeros,
-             jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32))
-    cache, _, _, tokens, q, q_raw, _, n_drafted = jax.lax.fori_loop(0, calls, body, carry)
+             jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32),
+             jnp.zeros((batch,), jnp.float32) if beam is None else beam.start(batch))
+    cache, _, _, tokens, q, q_raw, _, n_drafted, _ = jax.lax.fori_loop(0, calls, body, carry)
     # Charged with the head call of `verified` that follows: it re-reads the accepted drafts.
     return Draft(tokens=tokens, q=q, q_raw=q_raw, n_drafted=n_drafted,
                  calls=jnp.full((batch,), calls + 1, jnp.int32), state=state.replace(cache=cache))

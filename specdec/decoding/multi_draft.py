@@ -1,6 +1,7 @@
-"""Multi-draft speculative decoding: SpecTr (Sun et al., 2023) and SpecInfer's token trees (Miao et al.).
+"""Multi-draft speculative decoding: SpecTr (Sun et al., 2023), SpecInfer's token trees (Miao et al.) and
+EAGLE-2's dynamic draft tree (Li et al., EMNLP 2024).
 
-One block, shared by both methods:
+One block, shared by the three methods:
 
   1. `IIDDrafts` draws K drafts of γ tokens, i.i.d. given the prefix (SpecTr Alg. 5's draft set): the
      drafter's state holds K copies of every row, so each position is ONE batched call over [B·K] rows
@@ -13,6 +14,13 @@ One block, shared by both methods:
        spectr     DraftSelection with K-SEQ at every depth (SpecTr Alg. 3, `spectr.draft_selection`);
        specinfer  SpecInfer's iterative speculative sampling over the tree, one round per original draft
                   (`tree.verify_tree`; merging identical sampled children would break exactness);
+       dynamic_tree  the drafts are instead the K beams of a beam search over the drafter's confidence
+                  (`BeamDrafts`, `drafters.BeamSearch`: EAGLE-2's expansion of the most confident branches),
+                  deterministic given the drafter's state, so each is verified as a proposal q = δ_x by the
+                  same `tree.verify_tree`: a child x is accepted with probability p_cur(x) and a rejection
+                  removes x from p_cur, which keeps p's law whatever the candidates (EAGLE-2 verifies its
+                  tree the same way; it also reranks the expanded nodes, which is not done here: the tree is
+                  the beams' prefix tree, so every accepted path is a prefix of a beam the drafter holds);
      at T = 0 both keep the longest draft prefix that matches the verifier's argmaxes
      (`tree.verify_tree_greedy`), and at K = 1 both are speculative sampling (`verify.verify_block`, so
      K = 1 gives `speculative`'s tokens for the same key);
@@ -37,14 +45,14 @@ from specdec import spectr as spectr_lib
 from specdec import tree as tree_lib
 from specdec import verify
 from specdec.decoding import common
-from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, Verified, as_drafter
+from specdec.decoding.drafters import BeamSearch, Draft, Drafter, ModelDrafter, Verified, as_drafter
 from specdec.decoding.methods import GAMMA, Method, Param, count_bounds, register
 from specdec.decoding.speculative import PairState, commit
 from specdec.models.base import Model, scores_trees
 
 Array = jax.Array
 
-SELECTION_RULES = ("spectr", "specinfer")
+SELECTION_RULES = ("spectr", "specinfer", "dynamic_tree")
 
 
 @struct.dataclass
@@ -107,9 +115,26 @@ class IIDDrafts:
     return self.drafter.rollback(state, self._expand(lengths))
 
 
+@struct.dataclass
+class BeamDrafts(IIDDrafts):
+  """K drafts per row that are the K beams of a beam search over the drafter's confidence (EAGLE-2's
+  dynamic tree, `drafters.BeamSearch`), in `IIDDrafts`' layout: a function of the drafter's state."""
+
+  def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling
+              ) -> DraftSet:
+    """The K beams of γ tokens after `last` [B], and S(q) at their γ + 1 positions (as `IIDDrafts.propose`)."""
+    drafted = self.drafter.propose(rng.expand(key, self.num_drafts), state, self._expand(last),
+                                   max_drafts=max_drafts, sampling=sampling, beam=BeamSearch(self.num_drafts))
+    batch, k, gamma = last.shape[0], self.num_drafts, max_drafts
+    return DraftSet(tokens=drafted.tokens.reshape(batch, k, gamma),
+                    q=drafted.q.reshape(batch, k, gamma + 1, -1), calls=drafted.calls[::k], state=drafted.state)
+
+
 def _select(rule: str, key: Array, drafts: DraftSet, p: Array, temperature: Array) -> tuple[Array, Array, Array]:
   """(n_accepted, draft_index, next_token) [B] of `rule` for drafts [B, K, γ] and p [B, K, γ+1, V]."""
   tokens, q = drafts.tokens, drafts.q[:, :, :-1]
+  if rule == "dynamic_tree":   # deterministic drafts: each is a proposal δ_x (module docstring)
+    q = jax.nn.one_hot(tokens, q.shape[-1], dtype=q.dtype)
   if tokens.shape[1] == 1:
     n_accepted, next_token = verify.verify_block(key, tokens[:, 0], q[:, 0], p[:, 0])
     return n_accepted, jnp.zeros_like(n_accepted), next_token
@@ -117,7 +142,7 @@ def _select(rule: str, key: Array, drafts: DraftSet, p: Array, temperature: Arra
   def sampled(_):
     if rule == "spectr":
       return spectr_lib.draft_selection(key, tokens, q, p)
-    return tree_lib.verify_tree(key, tokens, q, p)
+    return tree_lib.verify_tree(key, tokens, q, p)    # specinfer, dynamic_tree
 
   # At T = 0, p and q are one-hot and both rules reduce to the longest argmax-matching draft prefix.
   return jax.lax.cond(temperature <= 0.0, lambda _: tree_lib.verify_tree_greedy(tokens, p), sampled, None)
@@ -127,7 +152,8 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
                 sampling: sampling_lib.Sampling, rule: str, num_drafts: int, gamma: int, max_new_tokens: int,
                 eos_id: int | None, cache_length: int) -> common.Output:
   """Multi-draft speculative decoding (module docstring) with selection `rule` ∈ SELECTION_RULES: K =
-  `num_drafts` drafts of γ = `gamma` tokens (SpecTr's L) per block, one verifier call on their tree."""
+  `num_drafts` drafts of γ = `gamma` tokens (SpecTr's L) per block, one verifier call on their tree
+  (`dynamic_tree`: the drafts are K beams)."""
   if rule not in SELECTION_RULES:
     raise ValueError(f"multi-draft selection rule must be one of {SELECTION_RULES}; got {rule!r}")
   drafter = as_drafter(drafter)
@@ -139,7 +165,7 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
     raise ValueError(f"method {rule!r} needs a drafter that drafts K copies of a row and keeps one: a model that "
                      f"scores token trees (`copy_slots`, models.base; no acceptance head) or a feature drafter; "
                      f"{what} is neither")
-  drafts_of = IIDDrafts(drafter, num_drafts)
+  drafts_of = (BeamDrafts if rule == "dynamic_tree" else IIDDrafts)(drafter, num_drafts)
   batch, rows = prompts.shape[0], jnp.arange(prompts.shape[0])
   # Tree widths to choose from: one chain, then trees of 2, 4, … drafts' worth of distinct nodes.
   widths = tuple(1 + k * gamma for k in (1, 2, 4, 8, 16, 32) if k < num_drafts)
@@ -192,8 +218,17 @@ def specinfer(key: Array, drafter: Model | Drafter, verifier: Model, prompts: Ar
   return multi_draft(key, drafter, verifier, prompts, prompt_lengths, rule="specinfer", **kw)
 
 
+def dynamic_tree(key: Array, drafter: Model | Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, **kw
+                 ) -> common.Output:
+  """EAGLE-2's dynamic draft tree: the K beams of a beam search over the drafter's confidence, their token
+  tree verified with each draft a deterministic proposal (module docstring)."""
+  return multi_draft(key, drafter, verifier, prompts, prompt_lengths, rule="dynamic_tree", **kw)
+
+
 NUM_DRAFTS = Param("num_drafts", 4, traced=False, bounds=count_bounds(1, label="num_drafts (K drafts per block)"),
                    help="K i.i.d. drafts per block, an int >= 1")
+NUM_BEAMS = Param("num_drafts", 4, traced=False, bounds=count_bounds(1, label="num_drafts (K beams per block)"),
+                  help="K beams per block (the tree's width at every depth), an int >= 1")
 
 
 def _tree_overhang(params) -> int:   # the verifier writes the whole tree, 1 + K·γ slots, before keeping one path
@@ -206,3 +241,7 @@ register(Method("spectr", decode=spectr, drafter="any", cache_overhang=_tree_ove
 register(Method("specinfer", decode=specinfer, drafter="any", cache_overhang=_tree_overhang,
                 params=(NUM_DRAFTS, GAMMA),
                 summary="the same block verified by SpecInfer's iterative speculative sampling over the tree"))
+register(Method("dynamic_tree", decode=dynamic_tree, drafter="any", cache_overhang=_tree_overhang,
+                params=(NUM_BEAMS, GAMMA),
+                summary="EAGLE-2's dynamic draft tree (lossless): the K beams of a beam search over the drafter's "
+                        "confidence, their token tree scored in one verifier call and verified exactly"))

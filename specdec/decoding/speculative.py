@@ -25,7 +25,7 @@ from specdec.decoding import common
 from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, Verified
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.decoding.methods import ALPHA, GAMMA, RULE, Bounds, Method, Param, alpha_bounds, count_bounds, register
-from specdec.models.base import Cache, Model, prefill, rollback
+from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback
 
 Array = jax.Array
 
@@ -43,7 +43,15 @@ class PairState:
             cache_length: int) -> "PairState":
     drafter_state, last = drafter.start(prompts, prompt_lengths, cache_length)
     empty = verifier.init_cache(prompts.shape[0], cache_length)
-    if drafter.reads_verifier:   # the drafter reads the prompt from the verifier's prefill
+    if drafter.reads_verifier and is_encoder_decoder(verifier):
+      # The prompt is the encoder's: the decoder has read nothing, so there are no hidden states yet, and
+      # the pending token is the verifier's decoder start token.
+      last, verifier_cache = prefill(verifier, empty, prompts, prompt_lengths)
+      none = jnp.zeros((prompts.shape[0],), jnp.int32)
+      drafter_state = drafter.verified(drafter_state, Verified(
+          tokens=last[:, None], count=none, next_token=last, lengths=none,
+          hidden=jnp.zeros((prompts.shape[0], 1, verifier.hidden_size), jnp.float32)))
+    elif drafter.reads_verifier:   # the drafter reads the prompt from the verifier's prefill
       _, verifier_cache, hidden = prefill(verifier, empty, prompts, prompt_lengths, return_hidden=True)
       drafter_state = drafter.verified(drafter_state, Verified(
           tokens=prompts, count=prompt_lengths - 1, next_token=last, lengths=prompt_lengths - 1, hidden=hidden))

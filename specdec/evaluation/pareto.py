@@ -47,6 +47,7 @@ SERIES_ORDER: dict[str, Callable[[Mapping[str, Any]], float]] = {
     "specdec_pp": lambda p: 2.07,
     "spectr": lambda p: 2.08,
     "specinfer": lambda p: 2.09,
+    "dynamic_tree": lambda p: 2.095,
     "bild": lambda p: 3,
     "oracle_cascade": lambda p: 6,
 }
@@ -241,7 +242,7 @@ def multi_draft_markdown(records: Sequence[Record]) -> str:
   """SpecTr's Table 2 layout, one table per group: per method and draft length L = γ, for each number of
   drafts K (K = 1 is SpecDecode): tokens per serial verifier call, latency relative to SpecDecode at the
   same L (batch 1; < 1 is faster), and verifier positions scored per token (the price of K drafts)."""
-  names = {"speculative": "SpecDecode", "spectr": "SpecTr", "specinfer": "SpecInfer"}
+  names = {"speculative": "SpecDecode", "spectr": "SpecTr", "specinfer": "SpecInfer", "dynamic_tree": "DynamicTree"}
   sections = []
   for group in group_records(records):
     members = [r for rs in group.series.values() for r in rs if r["point"]["method"] in names

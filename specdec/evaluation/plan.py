@@ -600,10 +600,13 @@ def sweep_settings(experiment: Any, *, verifier: str | None = None, drafter: str
   if not width or not new_tokens:
     raise ValueError(f"task {experiment.task!r} has no input or target budget: set Experiment.max_prompt_tokens "
                      "and max_new_tokens")
+  from specdec.evaluation import sweep
   presets = {}
   for role, given in (("verifier", verifier), ("drafter", drafter)):
     source = getattr(experiment, role)
-    presets[role] = given or source.preset
+    # A drafter that is a feature drafter's head (EAGLE) is planned as one over the verifier.
+    feature = role == "drafter" and sweep.feature_head_directory(source) is not None
+    presets[role] = given or (FEATURE if feature else source.preset)
     if presets[role] is None:
       raise ValueError(f"the sweep's {role} is {source.path!r}, not a preset: name its architecture with "
                        f"--{role} (a models.build preset, e.g. t5_large, gemma2_9b)")
@@ -615,6 +618,8 @@ def sweep_settings(experiment: Any, *, verifier: str | None = None, drafter: str
     method = decoding.methods.get(point.method)
     static = tuple(sorted(method.static(method.resolve(dict(point.params))).items()))
     alone = point.model != "pair"
+    if alone and point.model == "drafter" and presets["drafter"] == FEATURE:
+      raise ValueError(f"family {point.family!r} decodes the drafter alone, but the drafter is a feature drafter")
     setting = Setting(verifier=presets["drafter" if point.model == "drafter" else "verifier"],
                       drafter=None if alone else presets["drafter"], vocab_size=vocab_size, method=point.method,
                       params=static, batch_size=min(experiment.batch_size, experiment.n_examples),

@@ -45,6 +45,7 @@ from specdec import decoding, models
 from specdec.data import few_shot, seqio_tasks, tasks
 from specdec.data.vocab import Vocabulary, load_vocabulary
 from specdec.decoding import common
+from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.evaluation import metrics
 from specdec.evaluation.grid import Experiment, ModelSource, Point, baseline_point, expand_grid, find_task
 from specdec.evaluation.results import (append_result, code_digest, device, digest, drop_partial_line, files_digest,
@@ -60,7 +61,7 @@ from specdec.training import convert, exports
 class Workload:
   """What every point decodes: prompts [N, W] right-padded to one width W (one compile per shape),
   prompt_lengths [N], references (target texts), latency_rows [n_latency] (a seeded sample)."""
-  drafter: Model
+  drafter: Model | decoding.Drafter    # a model, or a feature drafter over `verifier` (a head's export)
   verifier: Model
   task: tasks.Task
   vocab: Vocabulary
@@ -96,14 +97,33 @@ def _load_model(source: ModelSource, vocab: Vocabulary, *, host: bool = False) -
   return model if source.dtype is None else models.with_dtype(model, source.dtype)
 
 
+def feature_head_directory(source: ModelSource) -> str | None:
+  """The directory of a drafter source that is a feature drafter's head (`exports.is_feature_head`), else None."""
+  directory = source.directory() if source.path is not None and "://" not in source.path else None
+  return directory if directory is not None and exports.is_feature_head(directory) else None
+
+
+def _load_drafter(source: ModelSource, verifier: Model, vocab: Vocabulary, *, host: bool) -> Model | FeatureDrafter:
+  """The drafter model (`_load_model`), or a feature drafter over `verifier` where `source` is a head's
+  export (ValueError naming both where it was trained for another verifier), its head in `source.dtype`."""
+  directory = feature_head_directory(source)
+  if directory is None:
+    return _load_model(source, vocab, host=host)
+  drafter = exports.load_drafter(directory, verifier)
+  return drafter if source.dtype is None else drafter.replace(head=models.with_dtype(drafter.head, source.dtype))
+
+
 def load_workload(experiment: Experiment) -> Workload:
   """Loads the pair and the first `n_examples` examples of the task split (tokenized as the task does: T5's
-  encoder inputs for an encoder-decoder pair, decoder-only prompts otherwise)."""
+  encoder inputs for an encoder-decoder pair, decoder-only prompts otherwise). The drafter may be a feature
+  drafter's head (EAGLE, `exports.load_drafter`): it reads the verifier's hidden states."""
   vocab = load_vocabulary(experiment.vocab_path)
   on_mesh = experiment.mesh_shape is not None
-  drafter, verifier = (_load_model(source, vocab, host=on_mesh) for source in (experiment.drafter, experiment.verifier))
+  verifier = _load_model(experiment.verifier, vocab, host=on_mesh)
+  drafter = _load_drafter(experiment.drafter, verifier, vocab, host=on_mesh)
   encoder_decoder = isinstance(verifier, models.T5)
-  if isinstance(drafter, models.T5) != encoder_decoder:
+  if (drafter.encoder_decoder if isinstance(drafter, FeatureDrafter) else isinstance(drafter, models.T5)
+      ) != encoder_decoder:
     raise ValueError(f"drafter and verifier must both be encoder-decoder (T5) or both decoder-only; got "
                      f"{type(drafter).__name__} and {type(verifier).__name__}")
   task = find_task(experiment.task, experiment.chat_template)
@@ -142,7 +162,9 @@ def load_workload(experiment: Experiment) -> Workload:
     if batch_size % mesh.shape[partitioning.DATA]:
       raise ValueError(f"batch_size {batch_size} must be a multiple of the mesh's data axis "
                        f"({mesh.shape[partitioning.DATA]}; Experiment.mesh_shape = {experiment.mesh_shape})")
-    drafter, verifier = partitioning.shard_model(drafter, mesh), partitioning.shard_model(verifier, mesh)
+    verifier = partitioning.shard_model(verifier, mesh)
+    drafter = (FeatureDrafter(partitioning.shard_model(drafter.head, mesh), verifier)
+               if isinstance(drafter, FeatureDrafter) else partitioning.shard_model(drafter, mesh))
   return Workload(
       drafter=drafter, verifier=verifier, mesh=mesh,
       task=task, vocab=vocab, prompts=prompts, prompt_lengths=prompt_lengths,
@@ -157,6 +179,13 @@ def check_fits(points: Sequence[Point], workload: Workload) -> None:
   """The checks `generate` makes on prompts and models (vocabulary, lengths, cache room for the method
   that needs the most), once for the whole grid."""
   common.check_models(workload.drafter, workload.verifier)
+  if isinstance(workload.drafter, FeatureDrafter):
+    for point in points:
+      if point.model == "drafter":
+        raise ValueError(f"family {point.family!r} decodes the drafter alone (model='drafter'), but the drafter "
+                         "is a feature drafter: its head decodes only over the verifier")
+      exports.check_feature_drafter_method(decoding.methods.get(point.method),
+                                           f"the drafter (family {point.family!r})")
 
   def required(point: Point) -> int:
     method = decoding.methods.get(point.method)

@@ -422,6 +422,26 @@ class T5(base.Configured):
     logits = partitioning.gather_vocab(logits)
     return (logits, cache, hidden) if return_hidden else (logits, cache)
 
+  # What a feature drafter (`models.feature_head`) reads through: the decoder's input embedding (shared
+  # with the encoder) and its untied output layer, shared with the drafter, never copied.
+  @property
+  def hidden_size(self) -> int:
+    return self.config.emb_dim
+
+  def output_table(self) -> Array:
+    """The output layer's [V, E] table (`decoder/logits_dense/kernel` [E, V], transposed)."""
+    return self.params["decoder"]["logits_dense"]["kernel"].T
+
+  def token_embeddings(self, tokens: Array) -> Array:
+    """The decoder's input of tokens [B, n] -> [B, n, E] (T5 adds no positions and no scale)."""
+    return jnp.take(self.params["token_embedder"]["embedding"], tokens, axis=0).astype(jnp.float32)
+
+  def output_logits(self, hidden: Array) -> Array:
+    """Next-token logits [B, n, V] of the decoder's last hidden states [B, n, E] (after the final norm), as
+    `score` computes them from its own."""
+    kernel = self.params["decoder"]["logits_dense"]["kernel"]
+    return partitioning.gather_vocab(hidden.astype(jnp.float32) @ kernel.astype(jnp.float32))
+
   def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array
                  ) -> base.Cache:
     """As `TransformerLM.copy_slots`, on the decoder's self-attention keys/values (the encoder's part is

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from specdec.decoding import Drafter, Method
+from specdec.decoding import METHODS, Drafter, Method
 from specdec.models.base import Model
 from specdec.decoding.feature_drafter import FeatureDrafter, check_pair
 from specdec.training import acceptance, convert, feature_head
@@ -75,6 +75,16 @@ def is_feature_head(directory: str) -> bool:
   """Whether `directory` is a feature drafter's: a feature_head/ and no model of its own."""
   return (os.path.isfile(os.path.join(directory, feature_head.HEAD_DIRECTORY, feature_head.HEAD_JSON))
           and not any(os.path.exists(os.path.join(directory, name)) for name in ("model.json", "config.json")))
+
+
+def check_feature_drafter_method(method: Method, drafter: str) -> None:
+  """ValueError, naming the methods that take it, where `method` cannot decode with the feature drafter
+  `drafter` (a name for the message): one whose drafter must be a model, or that reads export parts (a
+  method without a drafter just does not use it)."""
+  if method.drafter == "model" or method.export_parts:
+    takers = [m.name for m in METHODS.values() if m.drafter == "any" and not m.export_parts]
+    raise ValueError(f"{drafter} is a feature drafter (a head over the verifier's hidden states); method "
+                     f"{method.name} needs a drafter model: use it with {' or '.join(takers)}")
 
 
 def load_drafter(directory: str, verifier: Model) -> Model | Drafter:

@@ -49,7 +49,10 @@ def interrupt(argv: list[str], ready: Callable[[str], bool], *, cwd=None, timeou
   with tempfile.NamedTemporaryFile("w+") as stdout, tempfile.NamedTemporaryFile("w+") as stderr:
     def written() -> str:
       return pathlib.Path(stderr.name).read_text()
-    process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=ENV, cwd=cwd)
+    # SIGINT as a terminal gives it, even where this test runs with it ignored (a shell's background job
+    # ignores SIGINT, and its children inherit that: Python then installs no KeyboardInterrupt handler).
+    process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=ENV, cwd=cwd,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + timeout
     while not ready(written()):
       if process.poll() is not None or time.monotonic() > deadline:

@@ -63,7 +63,7 @@ def test_a_method_that_needs_a_drafter_model_names_the_feature_drafter(head, cap
   argv = ["--drafter", head[0], "--verifier", head[1], "--no_cache", "--method", "seq_cascade", "--prompt", "x"]
   assert cli.run(generate.main, argv, generate.PROG) == 2
   line = capsys.readouterr().err.strip()
-  assert "is a feature drafter" in line and "--method seq_cascade needs a drafter model" in line, line
+  assert "is a feature drafter" in line and "method seq_cascade needs a drafter model" in line, line
 
 
 def test_a_head_for_another_verifier_is_refused_naming_the_directory(head, tmp_path, capsys):

@@ -20,7 +20,9 @@ from specdec import decoding, models, sampling, targets, verify
 from specdec.decoding.drafters import Verified
 from specdec.decoding.feature_drafter import FeatureDrafter, check_pair
 from specdec.models import feature_head
+from specdec.models.base import prefill
 from tests.stats import assert_law
+from tests.toy_models import PositionalTrigram
 
 V = 4
 
@@ -107,10 +109,12 @@ def _codes(drafter, verifier, rule, alpha, gamma, method="speculative", **params
   return (tokens * V ** np.arange(N_NEW - 1, -1, -1)).sum(1), out
 
 
-@pytest.mark.parametrize("method, gamma, params", [("speculative", 2, {}), ("specinfer", 2, {"num_drafts": 3})])
+@pytest.mark.parametrize("method, gamma, params", [("speculative", 2, {}), ("specinfer", 2, {"num_drafts": 3}),
+                                                   ("dynamic_tree", 2, {"num_drafts": 2})])
 def test_lossless_rule_keeps_the_verifiers_sequence_law(method, gamma, params):
-  """SpecDecode, and token trees of K i.i.d. feature drafts (each copy re-reads the kept path's real
-  features): the output law is the verifier's. (SpecTr's selection shares the tree block: K = 1 below.)"""
+  """SpecDecode, token trees of K i.i.d. feature drafts (each copy re-reads the kept path's real features)
+  and EAGLE-2's dynamic tree (K beams of the head): the output law is the verifier's. (SpecTr's selection
+  shares the tree block: K = 1 below.)"""
   verifier = _verifier()
   drafter = _self_distilled(verifier)
   codes, out = _codes(drafter, verifier, "spec", 0.0, gamma, method=method, **params)
@@ -154,10 +158,10 @@ def test_a_head_for_another_verifier_is_refused_naming_both():
 
 
 def test_a_verifier_without_hidden_state_access_is_named():
-  t5 = models.build("t5_tiny", vocab_size=V, seed=0)
   head = feature_head.init(_verifier(), jax.random.PRNGKey(0))
-  with pytest.raises(ValueError, match="through token_embeddings, output_logits, output_table, which T5"):
-    check_pair(head, t5)
+  with pytest.raises(ValueError, match="through token_embeddings, output_logits, output_table, which "
+                                       "PositionalTrigram"):
+    check_pair(head, PositionalTrigram.random(0, V))
 
 
 def test_one_draft_token_trees_are_speculative_decoding():
@@ -212,14 +216,19 @@ def test_every_copy_of_k_drafts_reads_the_kept_paths_real_features():
       assert int(copies_state.cache.lengths[row * k + copy]) == entries == int(single_state.cache.lengths[row])
 
 
-@pytest.mark.parametrize("preset", ["tiny", "gemma2_tiny"])
+@pytest.mark.parametrize("preset", ["tiny", "gemma2_tiny", "t5_tiny"])
 def test_the_verifiers_accessors_give_its_own_logits_and_inputs(preset):
-  """output_logits of the hidden states `logits` returns are its logits (the transformer and Gemma 2)."""
+  """output_logits of the hidden states `score` returns are its logits (the transformer, Gemma 2 and T5's
+  decoder, after a prefill), and the embeddings and output table have the hidden size."""
   verifier = models.build(preset, vocab_size=32, seed=4, max_length=32)
-  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 32, (2, 7)), jnp.int32)
-  logits, hidden = verifier.logits(tokens, return_hidden=True)
+  rng = np.random.default_rng(1)
+  tokens = jnp.asarray(rng.integers(0, 32, (2, 7)), jnp.int32)
+  last, cache = prefill(verifier, verifier.init_cache(2, 16), jnp.asarray(rng.integers(0, 32, (2, 4)), jnp.int32),
+                        jnp.asarray([4, 2], jnp.int32))
+  logits, _, hidden = verifier.score(cache, jnp.concatenate([last[:, None], tokens], 1), return_hidden=True)
   np.testing.assert_allclose(verifier.output_logits(hidden), logits, atol=1e-4, rtol=1e-4)
   assert verifier.token_embeddings(tokens).shape == (2, 7, verifier.hidden_size)
+  assert verifier.output_table().shape == (32, verifier.hidden_size)
 
 
 def test_greedy_output_with_a_gemma2_verifier_is_its_greedy_output():
