@@ -1,25 +1,13 @@
-"""Fixtures of the command-line tests: a tiny random-weight pair (fast to compile) and a way to run a command
-as a user does, in its own process."""
-
-import os
-import pathlib
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable
+"""Fixtures of the command-line tests: a tiny random-weight pair (fast to compile). Running a command as a
+user does: tests/commands.py."""
 
 import jax
 import pytest
 
 from specdec import models
-from specdec.data import load_vocabulary
 from specdec.models.acceptance_head import HeadConfig, init_head
 from specdec.training import acceptance, save_params
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-VOCAB = load_vocabulary().vocab_size
+from tests.commands import VOCAB
 
 
 @pytest.fixture(scope="session")
@@ -32,46 +20,3 @@ def pair(tmp_path_factory):
                                                         jax.random.PRNGKey(0)))
   save_params(str(root / "verifier"), models.build("tiny", vocab_size=VOCAB, seed=2, max_length=256), preset="tiny")
   return str(root / "drafter"), str(root / "verifier")
-
-
-def command(module: str, *args: str) -> list[str]:
-  """`python -m specdec.cli.<module> args…`: what the console script runs."""
-  return [sys.executable, "-m", f"specdec.cli.{module}", *args]
-
-
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO_ROOT)}
-
-
-def interrupt(argv: list[str], ready: Callable[[str], bool], *, cwd=None, timeout: float = 300
-              ) -> tuple[subprocess.CompletedProcess, float]:
-  """Runs `argv`, presses Ctrl-C (SIGINT) once `ready(stderr so far)` holds, and waits for the end: the
-  finished process and the seconds from the signal to its exit."""
-  with tempfile.NamedTemporaryFile("w+") as stdout, tempfile.NamedTemporaryFile("w+") as stderr:
-    def written() -> str:
-      return pathlib.Path(stderr.name).read_text()
-    # SIGINT as a terminal gives it, even where this test runs with it ignored (a shell's background job
-    # ignores SIGINT, and its children inherit that: Python then installs no KeyboardInterrupt handler).
-    process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=ENV, cwd=cwd,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + timeout
-    while not ready(written()):
-      if process.poll() is not None or time.monotonic() > deadline:
-        process.kill()
-        raise AssertionError(f"never ready (exit {process.returncode}):\n{written()[-3000:]}")
-      time.sleep(0.05)
-    signalled = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=60)
-    exited = time.monotonic() - signalled
-    result = subprocess.CompletedProcess(argv, process.returncode, pathlib.Path(stdout.name).read_text(), written())
-  return result, exited
-
-
-def interrupted_line(result: subprocess.CompletedProcess, prog: str) -> str:
-  """The one line a Ctrl-C prints (exit status 130, no traceback): after any progress bar, the last line."""
-  assert result.returncode == 130, (result.returncode, result.stderr[-3000:])
-  assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr[-3000:]
-  lines = result.stderr.rstrip("\n").split("\n")
-  assert [line for line in lines if "interrupted" in line] == [lines[-1]], result.stderr[-3000:]
-  assert lines[-1].startswith(f"{prog}: interrupted; "), lines[-1]
-  return lines[-1]

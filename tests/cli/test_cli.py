@@ -19,7 +19,7 @@ import pytest
 from specdec import cli, decoding
 from specdec.cli import generate, plot, registry
 from specdec.data import shipped
-from tests.cli.conftest import ENV, REPO_ROOT, command
+from tests.commands import ENV, REPO_ROOT, command
 
 SHIPPED = shipped.path("data", "models")
 
@@ -425,7 +425,7 @@ def test_hugging_face_gemma2_directories_decode_as_models(tmp_path):
   greedily to the verifier's own greedy tokens."""
   import torch
   import transformers
-  from tests.cli.conftest import VOCAB
+  from tests.commands import VOCAB
   for name, seed in (("drafter", 0), ("verifier", 1)):
     torch.manual_seed(seed)
     transformers.Gemma2ForCausalLM(transformers.Gemma2Config(

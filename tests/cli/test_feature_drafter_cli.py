@@ -10,7 +10,7 @@ from specdec import cli, models
 from specdec.cli import generate, train
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.training import exports, save_params
-from tests.cli.conftest import VOCAB
+from tests.commands import VOCAB
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import subprocess
 
 from specdec.cli import generate
 from specdec.evaluation.results import RECORD_KEYS, read_results
-from tests.cli.conftest import ENV, REPO_ROOT, command, interrupt, interrupted_line
+from tests.commands import ENV, REPO_ROOT, command, interrupt, interrupted_line
 
 
 def _lines(path: pathlib.Path) -> list[dict]:

@@ -12,30 +12,9 @@ import pytest
 
 from specdec import sampling
 from specdec.core import _top_p
+from tests import sampling_reference as reference
+from tests.sampling_reference import assert_exact, reference_transform, softmax32
 from tests.stats import assert_law
-
-
-def _reference_transform(logits, temperature, top_p, top_k):
-  """Independent NumPy S(·) in float64: one row at a time, by the definitions."""
-  logits = np.asarray(logits, np.float64)
-  out = np.zeros_like(logits)
-  for i, row in enumerate(logits.reshape(-1, logits.shape[-1])):
-    if temperature == 0:
-      out.reshape(-1, row.size)[i, np.argmax(row)] = 1.0
-      continue
-    order = sorted(range(row.size), key=lambda v: (-row[v], v))
-    keep = set(order[:top_k]) if top_k else set(order)
-    probs = np.array([np.exp((row[v] - row.max()) / temperature) if v in keep else 0.0 for v in range(row.size)])
-    probs /= probs.sum()
-    kept, mass = [], 0.0
-    for v in order:  # smallest most-likely set whose mass reaches top_p
-      if v in keep and mass < top_p:
-        kept.append(v)
-        mass += probs[v]
-    nucleus = np.zeros_like(probs)
-    nucleus[kept] = probs[kept]
-    out.reshape(-1, row.size)[i] = nucleus / nucleus.sum()
-  return out
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.3, 1.0, 2.5])
@@ -45,56 +24,19 @@ def test_transform_matches_definition(temperature, top_p, top_k):
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(4, 7, 11)).astype(np.float32) * 2
   got = sampling.transform(jnp.asarray(logits), temperature, top_p, top_k)
-  want = _reference_transform(logits, temperature, top_p, top_k)
+  want = reference_transform(logits, temperature, top_p, top_k)
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-6)
 
 
-def _exact_nucleus(probs, top_p):
-  """The definition in exact integer arithmetic (NumPy, independent of `_top_p`): tokens ranked by the bits
-  of p, highest first, ties by lower index; masses ⌊p·2^43⌋ summed as integers; keep the shortest prefix
-  whose mass reaches ⌈P·2^43⌉, or the whole row when none does. probs [N, V] float32 -> mask [N, V]."""
-  probs = np.asarray(probs, np.float32)
-  top_p = np.broadcast_to(np.asarray(top_p, np.float32), probs.shape[:1])
-  keys = np.maximum(probs.view(np.int32), 0)
-  mask = np.zeros(probs.shape, bool)
-  for i, (row, key) in enumerate(zip(probs, keys)):
-    order = np.lexsort((np.arange(row.size), -key.astype(np.int64)))
-    mass = np.cumsum(np.floor(row[order].astype(np.float64) * 2.0**43).astype(np.int64))
-    target = int(np.ceil(np.float64(top_p[i]) * 2.0**43))
-    reached = np.flatnonzero(mass >= target)
-    mask[i, order[:reached[0] + 1] if reached.size else order] = True
-  return mask
-
-
-_SEARCHES = {"bisection": jax.jit(_top_p.nucleus), "top_k": jax.jit(_top_p.nucleus_by_top_k),
-             "definition": jax.jit(_top_p.definition)}
-SEARCHES = pytest.mark.parametrize("search", sorted(_SEARCHES))
-
-
-def _assert_exact(probs, top_p, search):
-  """The search's mask on probs [N, V] (passed as exponentials over a total of 1, so that p is read as
-  given) is the exact definition's, element for element; its normaliser is the kept mass."""
-  probs = jnp.asarray(probs, jnp.float32)
-  top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), probs.shape[:1])[:, None]
-  cut, last, norm = _SEARCHES[search](probs, jnp.ones_like(top_p), top_p)
-  got = np.asarray(_top_p.keeps(_top_p.order_keys(probs), cut, last))
-  want = _exact_nucleus(probs, top_p[:, 0])
-  bad = np.flatnonzero((got != want).any(-1))
-  assert bad.size == 0, f"rows {bad[:5]} differ from the definition (top_p {np.asarray(top_p)[bad[:5], 0]})"
-  np.testing.assert_allclose(np.asarray(norm)[:, 0], np.where(want, probs, 0).sum(-1, dtype=np.float64),
-                             rtol=1e-6)
-
-
-def _softmax32(logits, temperature=1.0):
-  return np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32) / temperature, axis=-1))
+SEARCHES = pytest.mark.parametrize("search", sorted(reference.SEARCHES))
 
 
 @SEARCHES
 @pytest.mark.parametrize("vocab, scale", [(11, 2.0), (1000, 3.0), (32_000, 3.0)])
 def test_top_p_is_the_exact_definition(vocab, scale, search):
-  probs = _softmax32(np.random.default_rng(vocab).normal(size=(6, vocab)) * scale, 0.7)
+  probs = softmax32(np.random.default_rng(vocab).normal(size=(6, vocab)) * scale, 0.7)
   for top_p in (1.0, 0.999, 0.9, 0.5, 0.1):
-    _assert_exact(probs, top_p, search)
+    assert_exact(probs, top_p, search)
 
 
 @SEARCHES
@@ -106,10 +48,10 @@ def test_top_p_exact_on_ties_one_hot_rows_and_whole_vocabulary_nuclei(search):
   one_hot[np.arange(8), rng.integers(0, 64, 8)] = 0.0                          # p = (0, .., 1, .., 0)
   flat = (rng.normal(size=(8, 64)) * 1e-3).astype(np.float32)                  # nucleus = whole vocabulary
   bf16 = np.asarray(jnp.asarray(rng.normal(size=(8, 64)) * 3, jnp.bfloat16), np.float32)
-  probs = _softmax32(np.concatenate([ties, uniform, one_hot, flat, bf16]))
+  probs = softmax32(np.concatenate([ties, uniform, one_hot, flat, bf16]))
   for top_p in (1.0, 1 - 1e-7, 0.99, 0.7, 0.5, 0.3, 1 / 64, 1e-3):
-    _assert_exact(probs, top_p, search)
-  _assert_exact(probs, rng.choice([1.0, 0.9, 0.5, 0.25], size=40), search)  # per-row budgets
+    assert_exact(probs, top_p, search)
+  assert_exact(probs, rng.choice([1.0, 0.9, 0.5, 0.25], size=40), search)  # per-row budgets
 
 
 @SEARCHES
@@ -117,13 +59,13 @@ def test_top_p_exact_at_budgets_on_the_boundaries_of_float_sums(search):
   """top_p set to float32 sums of the most likely tokens, in two orders, and to their neighbours: the
   budgets at which a search's float sums and the exact masses fall on both sides of top_p."""
   rng = np.random.default_rng(8)
-  probs = _softmax32(rng.normal(size=(64, 2000)) * 2)
+  probs = softmax32(rng.normal(size=(64, 2000)) * 2)
   ordered = -np.sort(-probs, axis=-1)
   k = rng.integers(1, 200, size=(64, 1))
   forward = np.where(np.arange(2000) < k, ordered, 0).astype(np.float32).sum(-1, dtype=np.float32)
   backward = np.where(np.arange(2000) < k, ordered, 0)[:, ::-1].cumsum(-1, dtype=np.float32)[:, -1]
   for top_p in (forward, backward, np.nextafter(forward, 2.0), np.nextafter(forward, 0.0)):
-    _assert_exact(probs, np.minimum(top_p, 1.0), search)
+    assert_exact(probs, np.minimum(top_p, 1.0), search)
 
 
 @SEARCHES
@@ -138,22 +80,22 @@ def test_top_p_exact_where_probabilities_reach_the_subnormal_range(vocab, search
   probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)          # NumPy keeps subnormals
   assert np.any((probs > 0) & (probs < np.finfo(np.float32).tiny)), "the fixture must hold subnormals"
   for top_p in (0.999999, 0.99, 0.9, 0.5):
-    _assert_exact(probs, top_p, search)
+    assert_exact(probs, top_p, search)
 
 
 def test_top_p_does_not_depend_on_the_order_of_the_vocabulary():
   """A compiler may sum in any order; the cut may not follow it. Permuting the vocabulary permutes the
   mask (no ties, so index order plays no part), at budgets on float sums' boundaries."""
   rng = np.random.default_rng(11)
-  probs = _softmax32(rng.normal(size=(32, 5000)) * 2)
+  probs = softmax32(rng.normal(size=(32, 5000)) * 2)
   top_p = np.sort(probs, axis=-1)[:, ::-1].cumsum(-1, dtype=np.float32)[np.arange(32), rng.integers(5, 500, 32)]
   top_p = jnp.asarray(np.minimum(top_p, 1.0))[:, None]
   for search in ("bisection", "top_k"):
-    cut, last, _ = _SEARCHES[search](jnp.asarray(probs), jnp.ones_like(top_p), top_p)
+    cut, last, _ = reference.SEARCHES[search](jnp.asarray(probs), jnp.ones_like(top_p), top_p)
     mask = np.asarray(_top_p.keeps(_top_p.order_keys(jnp.asarray(probs)), cut, last))
     for seed in range(3):
       perm = np.random.default_rng(seed).permutation(5000)
-      cut, last, _ = _SEARCHES[search](jnp.asarray(probs[:, perm]), jnp.ones_like(top_p), top_p)
+      cut, last, _ = reference.SEARCHES[search](jnp.asarray(probs[:, perm]), jnp.ones_like(top_p), top_p)
       permuted = np.asarray(_top_p.keeps(_top_p.order_keys(jnp.asarray(probs[:, perm])), cut, last))
       np.testing.assert_array_equal(permuted, mask[:, perm])
 
@@ -186,9 +128,9 @@ def test_top_k_search_has_no_loop_and_falls_back_only_for_large_nuclei():
   lowered = _transform.lower(jnp.zeros((8, 9, 32_000)), 1.0, 0.9, method="top_k")
   assert " while(" not in lowered.compile().as_text()
   assert " while(" in _transform.lower(jnp.zeros((8, 9, 32_000)), 1.0, 0.9, method="bisection").compile().as_text()
-  flat = _softmax32(np.random.default_rng(3).normal(size=(2, 32_000)) * 1e-2)
-  assert int(_exact_nucleus(flat, 0.9).sum(-1).min()) > sampling.TOP_K_CANDIDATES
-  _assert_exact(flat, 0.9, "top_k")
+  flat = softmax32(np.random.default_rng(3).normal(size=(2, 32_000)) * 1e-2)
+  assert int(reference.exact_nucleus(flat, 0.9).sum(-1).min()) > sampling.TOP_K_CANDIDATES
+  assert_exact(flat, 0.9, "top_k")
 
 
 _transform = jax.jit(sampling.transform, static_argnames=("top_k", "method"))
@@ -306,20 +248,20 @@ def test_entropy():
 _FAST_MATH_CHECKS = r"""
 import numpy as np, jax.numpy as jnp
 from specdec import sampling
-from tests.core import test_sampling as t
+from tests import sampling_reference as t
 rng = np.random.default_rng(0)
 logits = rng.normal(size=(4, 7, 11)).astype(np.float32) * 2
 for temperature in (0.3, 1.0):
   for top_p in (0.9, 0.5, 0.05):
     for method in ("bisection", "top_k"):
       got = sampling.transform(jnp.asarray(logits), temperature, top_p, method=method)
-      np.testing.assert_allclose(np.asarray(got), t._reference_transform(logits, temperature, top_p, 0), atol=2e-6)
-probs = t._softmax32(rng.normal(size=(64, 2000)) * 2)
-ties = t._softmax32(rng.integers(-3, 3, size=(64, 2000)).astype(np.float32))
+      np.testing.assert_allclose(np.asarray(got), t.reference_transform(logits, temperature, top_p, 0), atol=2e-6)
+probs = t.softmax32(rng.normal(size=(64, 2000)) * 2)
+ties = t.softmax32(rng.integers(-3, 3, size=(64, 2000)).astype(np.float32))
 budgets = np.minimum(np.sort(probs, -1)[:, ::-1].cumsum(-1, dtype=np.float32)[np.arange(64), rng.integers(1, 300, 64)], 1.0)
 for search in ("bisection", "top_k", "definition"):
   for rows, top_p in ((probs, budgets), (probs, np.nextafter(budgets, 2.0)), (ties, 0.5), (ties, 0.93)):
-    t._assert_exact(rows, np.minimum(top_p, 1.0), search)
+    t.assert_exact(rows, np.minimum(top_p, 1.0), search)
 print("exact under fast math")
 """
 

@@ -4,7 +4,6 @@ and sample (configs/experiments/smoke.gin): the machinery, not the methods."""
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import math
 import pathlib
@@ -13,25 +12,10 @@ import gin
 import pytest
 
 from specdec.evaluation import grid, results, sweep
+from tests.sweeps import SMOKE, load_script, outcomes, smoke
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-SMOKE = "configs/experiments/smoke.gin"
 SMOKE_POINTS = 6  # small model, large model, 2 families × 2 α
-
-
-def _load_script(name):
-  spec = importlib.util.spec_from_file_location(f"{name}_script", REPO_ROOT / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def _smoke(output, *bindings):
-  gin.clear_config()
-  try:
-    return grid.parse_gin([SMOKE], [f"Experiment.output = '{output}'", *bindings])
-  finally:
-    gin.clear_config()
 
 
 def _lines(path):
@@ -44,15 +28,10 @@ def complete(tmp_path_factory):
   output = tmp_path_factory.mktemp("complete") / "results.jsonl"
   gin.clear_config()
   try:
-    records = _load_script("sweep").main([f"--gin_file={SMOKE}", f"--gin_bindings=Experiment.output = '{output}'"])
+    records = load_script("sweep").main([f"--gin_file={SMOKE}", f"--gin_bindings=Experiment.output = '{output}'"])
   finally:
     gin.clear_config()
   return output, records
-
-
-def _outcomes(records):
-  """What a rerun must reproduce exactly: quality and counters per hash (latency is wall-clock)."""
-  return {r["hash"]: (r["quality"], r["counters"]) for r in records}
 
 
 def test_smoke_sweep_writes_one_valid_record_per_point(complete):
@@ -87,7 +66,7 @@ def test_rerun_of_a_finished_sweep_runs_and_writes_nothing(complete, monkeypatch
   output, records = complete
   before = pathlib.Path(output).read_bytes()
   monkeypatch.setattr(sweep, "run_point", _forbidden)
-  assert sweep.run(_smoke(output), progress=False) == records
+  assert sweep.run(smoke(output), progress=False) == records
   assert pathlib.Path(output).read_bytes() == before
 
 
@@ -115,7 +94,7 @@ def _dies_after(n: int, monkeypatch) -> tuple[list, object]:
 
 def test_killed_sweep_resumes_without_losing_or_duplicating(complete, tmp_path, monkeypatch):
   output = tmp_path / "results.jsonl"
-  experiment = _smoke(output)
+  experiment = smoke(output)
   calls, real_run_point = _dies_after(3, monkeypatch)
   with pytest.raises(Killed):
     sweep.run(experiment, progress=False)
@@ -124,7 +103,7 @@ def test_killed_sweep_resumes_without_losing_or_duplicating(complete, tmp_path, 
   resumed = sweep.run(experiment, progress=False)
   stored = [json.loads(line) for line in _lines(output)]
   assert len(stored) == SMOKE_POINTS and {r["hash"] for r in stored} == {r["hash"] for r in resumed}
-  assert _outcomes(stored) == _outcomes(complete[1])
+  assert outcomes(stored) == outcomes(complete[1])
 
 
 def test_truncated_last_line_is_dropped_and_its_point_rerun(complete, tmp_path, capsys):
@@ -133,10 +112,10 @@ def test_truncated_last_line_is_dropped_and_its_point_rerun(complete, tmp_path, 
   output.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:len(lines[-1]) // 2])
   assert [r["hash"] for r in results.read_results(output)] == [json.loads(line)["hash"] for line in lines[:-1]]
   assert f"results.jsonl:{len(lines)} left out" in capsys.readouterr().err   # the plots say so too
-  sweep.run(_smoke(output), progress=False)
+  sweep.run(smoke(output), progress=False)
   stored = [json.loads(line) for line in _lines(output)]
   assert len(stored) == SMOKE_POINTS
-  assert _outcomes(stored) == _outcomes(complete[1])
+  assert outcomes(stored) == outcomes(complete[1])
 
 
 def test_a_damaged_or_foreign_line_before_the_last_raises_naming_it(complete, tmp_path):
@@ -157,8 +136,8 @@ def test_resume_is_announced_and_refused_across_code_versions_unless_asked(compl
     record["code"] = "0123abc"
   output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-2]))
   with pytest.raises(ValueError, match="recorded with code 0123abc .*allow_mixed_runs"):
-    sweep.run(_smoke(output), progress=True)
-  sweep.run(_smoke(output, "Experiment.allow_mixed_runs = True"), progress=True)
+    sweep.run(smoke(output), progress=True)
+  sweep.run(smoke(output, "Experiment.allow_mixed_runs = True"), progress=True)
   assert f"resuming: {SMOKE_POINTS - 2} of {SMOKE_POINTS} points already done" in capsys.readouterr().err
   assert len(_lines(output)) == SMOKE_POINTS
 
@@ -173,17 +152,17 @@ def test_resume_is_keyed_on_the_package_code_not_the_commit(complete, tmp_path):
   for record in lines:
     record["git_commit"] = "0123abc-dirty"
   output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-1]))
-  assert len(sweep.run(_smoke(output), progress=False)) == SMOKE_POINTS
+  assert len(sweep.run(smoke(output), progress=False)) == SMOKE_POINTS
   for record in lines:
     del record["code"]
   output.write_text("".join(json.dumps(r) + "\n" for r in lines[:-1]))
   with pytest.raises(ValueError, match="recorded with commit 0123abc-dirty"):
-    sweep.run(_smoke(output), progress=False)
+    sweep.run(smoke(output), progress=False)
 
 
 def test_hosts_split_the_grid_into_shards_that_merge_into_the_single_host_run(complete, tmp_path, monkeypatch):
   output = tmp_path / "results.jsonl"
-  experiment = _smoke(output)
+  experiment = smoke(output)
   calls, real_run_point = _dies_after(1, monkeypatch)
   with pytest.raises(Killed):
     sweep.run(experiment, progress=False, host=(1, 2))      # host 1 of 2 dies after its first point
@@ -194,8 +173,8 @@ def test_hosts_split_the_grid_into_shards_that_merge_into_the_single_host_run(co
   assert [len(_lines(s)) for s in shards] == [SMOKE_POINTS // 2, 1]
   merged = sweep.run(experiment, progress=False, host=(1, 2))   # the rerun finishes host 1's block only
   assert [len(_lines(s)) for s in shards] == [SMOKE_POINTS // 2] * 2
-  assert len(merged) == SMOKE_POINTS and _outcomes(merged) == _outcomes(complete[1])
-  assert _outcomes(results.read_results(output)) == _outcomes(complete[1])
+  assert len(merged) == SMOKE_POINTS and outcomes(merged) == outcomes(complete[1])
+  assert outcomes(results.read_results(output)) == outcomes(complete[1])
 
 
 def test_intervals_and_figures_are_recomputable_from_the_stored_examples(complete):
@@ -233,7 +212,7 @@ def test_bad_grids_are_rejected_before_compute(bindings, message, tmp_path, monk
   output = tmp_path / "results.jsonl"
   monkeypatch.setattr(sweep.decoding, "generate", _forbidden)
   with pytest.raises(ValueError, match=message):
-    sweep.run(_smoke(output, *bindings), progress=False)
+    sweep.run(smoke(output, *bindings), progress=False)
   assert not output.exists()
 
 
@@ -324,7 +303,7 @@ def test_a_t5_pair_on_a_tfds_task_decodes_t5_prompts(tmp_path, monkeypatch):
     return records[:limit]
 
   monkeypatch.setattr(seqio_tasks, "tfds_records", fake_tfds_records)
-  experiment = _smoke(tmp_path / "t5.jsonl", "Experiment.task = 'wmt_t2t_ende'", "Experiment.n_examples = 4",
+  experiment = smoke(tmp_path / "t5.jsonl", "Experiment.task = 'wmt_t2t_ende'", "Experiment.n_examples = 4",
                       "Experiment.split = 'test'", "Experiment.tfds_data_dir = '/data/tfds'",
                       "drafter/ModelSource.preset = 't5_tiny'", "verifier/ModelSource.preset = 't5_tiny'",
                       "Experiment.families = [@token_v3/Family()]", "token_v3/Family.alphas = [0.5]")
@@ -337,9 +316,9 @@ def test_a_t5_pair_on_a_tfds_task_decodes_t5_prompts(tmp_path, monkeypatch):
   done = sweep.run(experiment, progress=False)
   assert len(done) == 2 and {r["metric"] for r in done} == {"bleu"}   # the verifier alone, one SpecCascade
   with pytest.raises(ValueError, match="unknown task 'wmt'; local tasks: .*tfds tasks: wmt_t2t_ende"):
-    sweep.run(_smoke(tmp_path / "bad.jsonl", "Experiment.task = 'wmt'"), progress=False)
+    sweep.run(smoke(tmp_path / "bad.jsonl", "Experiment.task = 'wmt'"), progress=False)
   with pytest.raises(ValueError, match="both be encoder-decoder"):
-    sweep.load_workload(_smoke(tmp_path / "mixed.jsonl", "Experiment.task = 'wmt_t2t_ende'",
+    sweep.load_workload(smoke(tmp_path / "mixed.jsonl", "Experiment.task = 'wmt_t2t_ende'",
                                "verifier/ModelSource.preset = 't5_tiny'"))
 
 
@@ -369,7 +348,7 @@ def test_gemma_miniature_sweeps_few_shot_prompts_to_the_rejection_plot(tmp_path)
 
 def test_chat_template_is_for_the_few_shot_benchmarks(tmp_path):
   with pytest.raises(ValueError, match="chat_template applies to the few-shot benchmarks"):
-    grid.expand_grid(_smoke(tmp_path / "results.jsonl", "Experiment.chat_template = True"))
+    grid.expand_grid(smoke(tmp_path / "results.jsonl", "Experiment.chat_template = True"))
 
 
 def test_a_sweep_names_a_feature_head_as_its_drafter(tmp_path):

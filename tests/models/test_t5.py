@@ -22,9 +22,8 @@ from specdec.models import base, t5
 from specdec.training import CheckpointError, convert
 from tests.backends import tolerance
 from tests.stats import assert_law
+from tests.t5_data import ENCODER_LENGTHS, assert_hf_logits_equal, t5_batch, teacher_forced
 
-_logits = jax.jit(lambda model, decoder_tokens, encoder_tokens, encoder_lengths: model.logits(
-    decoder_tokens, encoder_tokens=encoder_tokens, encoder_lengths=encoder_lengths))
 _score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
 _score_tree = jax.jit(lambda model, cache, tokens, positions, tree_mask: model.score(
     cache, tokens, positions=positions, tree_mask=tree_mask))
@@ -32,17 +31,6 @@ _prefill = jax.jit(base.prefill)
 
 V = 32
 ROWS = np.arange(3)[:, None]
-ENCODER_LENGTHS = np.array([7, 3, 1], np.int32)
-
-
-def _data(seed, batch=3, width=7, n_decoder=9, vocab=V):
-  """Encoder inputs [B, width] padded with junk beyond ENCODER_LENGTHS, decoder inputs [B, n] starting
-  with the start token 0."""
-  rng = np.random.default_rng(seed)
-  encoder = rng.integers(2, vocab, size=(batch, width)).astype(np.int32)
-  decoder = rng.integers(1, vocab, size=(batch, n_decoder)).astype(np.int32)
-  decoder[:, 0] = t5.DECODER_START_TOKEN
-  return encoder, decoder
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +79,8 @@ def test_presets_have_the_t5_v1_1_sizes():
 
 @pytest.mark.parametrize("n, steps", [(1, 8), (3, 3)])
 def test_cached_scoring_of_ragged_rows_equals_teacher_forcing(model, n, steps):
-  encoder, decoder = _data(0)
-  reference = np.asarray(_logits(model, decoder, encoder, ENCODER_LENGTHS))
+  encoder, decoder = t5_batch(0)
+  reference = np.asarray(teacher_forced(model, decoder, encoder, ENCODER_LENGTHS))
   start, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
   np.testing.assert_array_equal(start, 0)
   np.testing.assert_array_equal(cache.lengths, 0)
@@ -105,7 +93,7 @@ def test_cached_scoring_of_ragged_rows_equals_teacher_forcing(model, n, steps):
 
 
 def test_score_returns_the_decoder_hidden_states_the_logits_are_read_from(model):
-  encoder, decoder = _data(1)
+  encoder, decoder = t5_batch(1)
   _, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
   logits, _, hidden = model.score(cache, decoder[:, :4], return_hidden=True)
   assert hidden.shape == (3, 4, model.config.emb_dim)
@@ -114,18 +102,18 @@ def test_score_returns_the_decoder_hidden_states_the_logits_are_read_from(model)
 
 
 def test_padding_and_other_rows_do_not_change_a_row(model):
-  encoder, decoder = _data(1)
+  encoder, decoder = t5_batch(1)
   junk = np.where(np.arange(7) < ENCODER_LENGTHS[:, None], encoder, 1)
-  batched = np.asarray(_logits(model, decoder, encoder, ENCODER_LENGTHS))
-  np.testing.assert_array_equal(_logits(model, decoder, junk, ENCODER_LENGTHS), batched)
+  batched = np.asarray(teacher_forced(model, decoder, encoder, ENCODER_LENGTHS))
+  np.testing.assert_array_equal(teacher_forced(model, decoder, junk, ENCODER_LENGTHS), batched)
   for b in range(3):
     width = ENCODER_LENGTHS[b]
-    alone = _logits(model, decoder[b:b + 1], encoder[b:b + 1, :width], ENCODER_LENGTHS[b:b + 1])
+    alone = teacher_forced(model, decoder[b:b + 1], encoder[b:b + 1, :width], ENCODER_LENGTHS[b:b + 1])
     np.testing.assert_allclose(alone[0], batched[b], rtol=0, atol=tolerance(1e-5))
 
 
 def test_two_branch_tree_in_one_call_equals_each_branch_alone(model):
-  encoder, decoder = _data(2)
+  encoder, decoder = t5_batch(2)
   _, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
   _, cache = _score(model, cache, decoder[:, :3])
   branch_a, branch_b = decoder[:, 3:5], (decoder[:, 3:5] + 1) % V
@@ -178,26 +166,12 @@ def test_hf_import_gives_pytorch_logits_with_padded_encoder_inputs(hf_model):
   assert_hf_logits_equal(hf, ours, vocab=64)
 
 
-def assert_hf_logits_equal(hf, ours, vocab):
-  """transformers' teacher-forced logits equal ours (1e-4) on encoder inputs padded with junk past
-  ENCODER_LENGTHS (the attention mask must hide it)."""
-  import torch
-  encoder, decoder = _data(3, vocab=vocab)
-  mask = np.arange(encoder.shape[1]) < ENCODER_LENGTHS[:, None]
-  with torch.no_grad():
-    want = hf(input_ids=torch.from_numpy(encoder).long(), attention_mask=torch.from_numpy(mask).long(),
-              decoder_input_ids=torch.from_numpy(decoder).long()).logits.numpy()
-  got = np.asarray(_logits(ours, decoder, encoder, ENCODER_LENGTHS))
-  assert np.abs(want).max() > 1.0
-  np.testing.assert_allclose(got, want, rtol=0, atol=tolerance(1e-4))
-
-
 def test_greedy_generate_equals_hugging_face_generate(hf_model, eos_id=None):
   import torch
   hf, directory = hf_model
   ours = convert.load_hf_t5(directory)
   n_new = 10
-  encoder = _data(4, batch=6, vocab=64)[0]
+  encoder = t5_batch(4, batch=6, vocab=64)[0]
   lengths = np.array([7, 5, 3, 1, 6, 2], np.int32)
   mask = np.arange(7) < lengths[:, None]
   # use_cache=False: transformers 5.23 sizes generate's cache by the encoder's num_layers (2 here, 3 decoder
@@ -257,14 +231,14 @@ def test_t5x_checkpoints_restore_identical_logits(model, tmp_path):
   assert os.path.isdir(os.path.join(step_directory, "target.decoder.layers_1.encoder_decoder_attention.key.kernel"))
   ocp.PyTreeCheckpointer().save(tmp_path / "orbax" / "checkpoint_7" / "state",
                                 {"target": model.params, "state": {"step": 7}})
-  encoder, decoder = _data(5)
-  want = np.asarray(_logits(model, decoder, encoder, ENCODER_LENGTHS))
+  encoder, decoder = t5_batch(5)
+  want = np.asarray(teacher_forced(model, decoder, encoder, ENCODER_LENGTHS))
   for restored in (convert.load_t5x(tmp_path / "native", model.config),      # newest step of a model directory
                    convert.load_t5x(step_directory, model.config),
                    convert.load_t5x(tmp_path / "orbax", model.config)):
     for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(model.params)):
       np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(_logits(restored, decoder, encoder, ENCODER_LENGTHS), want)
+    np.testing.assert_array_equal(teacher_forced(restored, decoder, encoder, ENCODER_LENGTHS), want)
 
 
 def test_t5x_missing_misshaped_or_unreadable_parameter_raises_naming_it(model, tmp_path):
@@ -381,7 +355,7 @@ def test_sequence_law_matches_enumeration(method, rule, alpha, gamma):
   decoder = jnp.asarray(np.concatenate([np.zeros((len(seqs), 1), np.int32), seqs[:, :-1]], 1))
   encoder = jnp.asarray(np.broadcast_to(LAW_PROMPT, (len(seqs), 4)))
   lengths = jnp.full((len(seqs),), LAW_LENGTH)
-  lq, lp = _logits(drafter, decoder, encoder, lengths), _logits(verifier, decoder, encoder, lengths)
+  lq, lp = teacher_forced(drafter, decoder, encoder, lengths), teacher_forced(verifier, decoder, encoder, lengths)
   q, p = sampling.transform(lq, temperature, top_p), sampling.transform(lp, temperature, top_p)
   if method in ("autoregressive", "specinfer"):
     law = p

@@ -215,12 +215,12 @@ def test_the_training_loop_checkpoints_and_resumes_sharded(tmp_path, capsys):
 def test_a_sweep_on_a_mesh_records_the_one_device_quality(tmp_path):
   """`Experiment.mesh_shape`: quality batches on a (4, 2) mesh of this host's devices give the records of a
   one-device run (quality and counters; latency is wall-clock at batch 1 either way)."""
-  from tests.evaluation.test_sweep import _outcomes, _smoke
+  from tests.sweeps import outcomes, smoke
   # The smoke grid cut to the verifier alone and one speculative cascade point: both pass through the mesh.
   smaller = ("Experiment.families = [@token_v3/Family()]", "token_v3/Family.alphas = [0.5]",
              "Experiment.n_latency_examples = 1")
-  one = sweep.run(_smoke(tmp_path / "one.jsonl", *smaller), progress=False)
-  mesh = sweep.run(_smoke(tmp_path / "mesh.jsonl", "Experiment.mesh_shape = (4, 2)", *smaller), progress=False)
-  assert len(one) == 2 and _outcomes(mesh) == _outcomes(one)
+  one = sweep.run(smoke(tmp_path / "one.jsonl", *smaller), progress=False)
+  mesh = sweep.run(smoke(tmp_path / "mesh.jsonl", "Experiment.mesh_shape = (4, 2)", *smaller), progress=False)
+  assert len(one) == 2 and outcomes(mesh) == outcomes(one)
   with pytest.raises(ValueError, match=r"batch_size 4 must be a multiple of the mesh's data axis \(8"):
-    sweep.load_workload(_smoke(tmp_path / "bad.jsonl", "Experiment.mesh_shape = (8, 1)"))
+    sweep.load_workload(smoke(tmp_path / "bad.jsonl", "Experiment.mesh_shape = (8, 1)"))

@@ -16,7 +16,7 @@ import pytest
 from specdec import decoding, models
 from specdec.models import t5
 from specdec.training import convert, save_hf_t5
-from tests.models.test_t5 import _data, assert_hf_logits_equal
+from tests.t5_data import assert_hf_logits_equal, t5_batch
 
 V = 64
 # Fewer decoder than encoder layers, as the drafters cut from a verifier: HF must size its caches by the decoder.
@@ -119,7 +119,7 @@ def test_transformers_greedy_and_assisted_generate_equal_our_greedy(ours, export
   hf_drafter.generation_config.update(num_assistant_tokens=3, num_assistant_tokens_schedule="constant",
                                       assistant_confidence_threshold=0.0)
   n_new = 10
-  encoder = _data(4, batch=6, vocab=V)[0]
+  encoder = t5_batch(4, batch=6, vocab=V)[0]
   lengths = np.array([7, 5, 3, 1, 6, 2], np.int32)
   mask = np.arange(7) < lengths[:, None]
   settings = dict(do_sample=False, num_beams=1, max_new_tokens=n_new, eos_token_id=1, pad_token_id=0,

@@ -1,0 +1,87 @@
+"""The house rules of the code's structure, read from the source (no imports run): a module never imports
+from a layer above its own (docs/design.md, "Layers"), the modules' top-level imports have no cycle, and no
+test module imports another test module or a conftest (shared test code lives in helper modules of tests/)."""
+
+import ast
+import pathlib
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = REPO_ROOT / "specdec"
+# docs/design.md's layers; `from specdec import sampling` names a core module (specdec/__init__.py).
+LAYERS = {"core": 1, "models": 2, "decoding": 3, "data": 4, "training": 4, "evaluation": 5, "cli": 6}
+CORE_NAMES = ("checks", "rng", "sampling", "spectr", "targets", "theory", "tree", "verify")
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path, *, top_level_only: bool) -> list[tuple[str, int]]:
+  """The modules a file imports (absolute names, `from a import b` as a.b where b may be a module), with
+  line numbers; `top_level_only`: not those inside functions."""
+  tree = ast.parse(path.read_text(), str(path))
+  nodes = tree.body if top_level_only else list(ast.walk(tree))
+  found = []
+  for node in nodes:
+    if isinstance(node, ast.Import):
+      found += [(alias.name, node.lineno) for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      found += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
+  return found
+
+
+def _layer(module: str) -> int | None:
+  parts = module.split(".")
+  if parts[0] != "specdec" or len(parts) < 2:
+    return None
+  return 1 if parts[1] in CORE_NAMES else LAYERS.get(parts[1])
+
+
+def test_no_module_imports_from_a_higher_layer():
+  problems = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    own = _layer(_module_name(path))
+    for target, line in _imports(path, top_level_only=False):
+      layer = _layer(target)
+      if own is not None and layer is not None and layer > own:
+        problems.append(f"{path.relative_to(REPO_ROOT)}:{line} (layer {own}) imports {target} (layer {layer})")
+  assert not problems, "\n".join(problems)
+
+
+def test_top_level_imports_have_no_cycle():
+  modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+  def resolve(name: str) -> str | None:   # `from specdec.x import y`: the module y, else x
+    while name and name not in modules:
+      name = name.rpartition(".")[0]
+    return name or None
+
+  edges = {module: {target for name, _ in _imports(path, top_level_only=True)
+                    if (target := resolve(name)) and target != module and target != "specdec"}
+           for module, path in modules.items()}
+  state: dict[str, str] = {}
+
+  def visit(module: str, stack: list[str]) -> None:
+    state[module] = "open"
+    for target in sorted(edges[module]):
+      if state.get(target) == "open":
+        cycle = stack[stack.index(target):] + [target] if target in stack else [module, target]
+        raise AssertionError("import cycle: " + " -> ".join(cycle))
+      if target not in state:
+        visit(target, stack + [target])
+    state[module] = "done"
+
+  for module in sorted(edges):
+    if module not in state:
+      visit(module, [module])
+
+
+def test_no_test_module_imports_another_test_module_or_a_conftest():
+  problems = []
+  for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
+    for target, line in _imports(path, top_level_only=False):
+      parts = target.split(".")
+      if parts[0] == "tests" and any(part.startswith("test_") or part == "conftest" for part in parts[1:]):
+        problems.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {target}")
+  assert not problems, "\n".join(problems)
