@@ -204,7 +204,8 @@ def trained_pairs(args: argparse.Namespace) -> None:
         (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma, {})
         for gamma in args.gamma for name, (factory, *_) in drafters.items()] + [
         (f"{name} tree K={k} gamma={gamma}", factory(gamma), "dynamic_tree", gamma, {"num_drafts": k})
-        for k in args.trees for gamma in args.gamma for name, (factory, *_) in drafters.items()]
+        for k in args.trees for gamma in args.gamma for name, (factory, *_) in drafters.items()
+        if decoding.as_drafter(factory(gamma)).keeps_copies]   # Max-Gram, CSD, SpecDec++ heads cannot
 
     def decode(drafter, method, gamma, params, group, key):
       # Prompts as a user passes them: the group's longest (rounded up to 32: few shapes to compile).

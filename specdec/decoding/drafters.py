@@ -5,7 +5,7 @@ calls. Every lossless method keeps the verifier's law whatever the drafter propo
 acceptance test decides what is emitted, so a new way to draft is a new `Drafter`, not a new loop.
 
   state, last = drafter.start(prompts [B, L], prompt_lengths [B], cache_length)
-  draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None, beam=None)
+  draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None)
   state = drafter.verified(draft.state, Verified(…))      # after verification (default: a rollback)
   state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
 
@@ -20,8 +20,9 @@ rejected); the caller then completes the rows that commit it:
 
   draft = drafter.catch_up(draft, rows [B], sampling)   # only when draft.pending is not None
 
-A drafter that `keeps_copies` (K copies of each row, for the multi-draft methods) also takes a `BeamSearch`:
-the copies then become beams that choose their tokens jointly (EAGLE-2's dynamic tree), not samples.
+A drafter that `keeps_copies` (K copies of each row, for the multi-draft methods) also takes `beam=` (a
+`BeamSearch`) in `propose`: the copies then become beams that choose their tokens jointly (EAGLE-2's dynamic
+tree), not samples.
 
 Drafters that can join a horizontal cascade also read tokens without drafting:
 
@@ -98,19 +99,26 @@ class BeamSearch:
     return jnp.where(jnp.arange(rows) % self.num_beams == 0, 0.0, -jnp.inf).astype(jnp.float32)
 
   def step(self, log_values: Array, q_raw: Array) -> tuple[Array, Array, Array]:
-    """The next beams from log values [B·K] and each beam's q_raw [B·K, V]: (tokens [B·K], the copy each
-    new beam extends (a row index into the [B·K] state) [B·K], their log values [B·K])."""
+    """The next beams from log values [B·K] and each beam's q_raw [B·K, V]: (tokens [B·K], the copy of its
+    row each new beam extends, in [0, K) [B·K], their log values [B·K])."""
     rows_k, vocab = q_raw.shape
     k = self.num_beams
     candidates = (log_values[:, None] + jnp.log(q_raw)).reshape(rows_k // k, k * vocab)
     top_values, top = jax.lax.top_k(candidates, k)                                 # [B, K]
-    parent = (jnp.arange(rows_k // k)[:, None] * k + top // vocab).reshape(rows_k)
-    return (top % vocab).reshape(rows_k).astype(jnp.int32), parent, top_values.reshape(rows_k)
+    return ((top % vocab).reshape(rows_k).astype(jnp.int32), (top // vocab).reshape(rows_k).astype(jnp.int32),
+            top_values.reshape(rows_k))
 
+  def reorder(self, tree: Any, parent: Array) -> Any:
+    """Every leaf of a pytree of [B·K, …] arrays with copy k of row b taken from copy parent[b·K + k] of the
+    same row. Per row under `vmap`, so that a data-sharded batch stays on its devices (a gather by global row
+    ids would collect every row on every device)."""
+    k = self.num_beams
+    local = parent.reshape(-1, k)
 
-def take_rows(tree: Any, rows: Array) -> Any:
-  """Every leaf of a pytree of [N, …] arrays with its rows reordered: out[i] = x[rows[i]]."""
-  return jax.tree.map(lambda x: x[rows], tree)
+    def take(x: Array) -> Array:
+      grouped = x.reshape(local.shape[0], k, *x.shape[1:])
+      return jax.vmap(lambda copies, sources: copies[sources])(grouped, local).reshape(x.shape)
+    return jax.tree.map(take, tree)
 
 
 class Drafter:
@@ -282,8 +290,8 @@ class ModelDrafter(Drafter):
         x = sampling_lib.sample(keys[c.step], q_j)
       else:   # every copy drafts in step with the others (no head, no keep_drafting): go_on is the same for all
         x, parent, log_values = beam.step(c.log_values, q_raw_j)
-        parent = jnp.where(go_on, parent, jnp.arange(batch))
-        cache, tokens, q, q_raw = take_rows((cache, tokens, q, q_raw), parent)
+        parent = jnp.where(go_on, parent, jnp.arange(batch) % beam.num_beams)
+        cache, tokens, q, q_raw = beam.reorder((cache, tokens, q, q_raw), parent)
       slot = jnp.minimum(c.step, max_drafts - 1)
       tokens = tokens.at[:, slot].set(jnp.where(go_on, x, tokens[:, slot]))
       # Rows that stopped keep being scored (static batch) but the rollback after verification resets them.

@@ -26,7 +26,7 @@ from flax import struct
 
 from specdec import rng
 from specdec import sampling as sampling_lib
-from specdec.decoding.drafters import BeamSearch, Draft, Drafter, Verified, take_rows
+from specdec.decoding.drafters import BeamSearch, Draft, Drafter, Verified
 from specdec.models.base import Cache, Model, is_encoder_decoder, rollback
 from specdec.models.feature_head import FeatureHead, verifier_fingerprint
 
@@ -143,8 +143,8 @@ class FeatureDrafter(Drafter):
         x = sampling_lib.sample(keys[step], q_j)
       else:   # the copies draft in step (no keep_drafting with beams): go_on is the same for all
         x, parent, log_values = beam.step(log_values, q_raw_j)
-        parent = jnp.where(go_on, parent, jnp.arange(batch))
-        cache, predicted, tokens, q, q_raw = take_rows((cache, predicted, tokens, q, q_raw), parent)
+        parent = jnp.where(go_on, parent, jnp.arange(batch) % beam.num_beams)
+        cache, predicted, tokens, q, q_raw = beam.reorder((cache, predicted, tokens, q, q_raw), parent)
       slot = jnp.minimum(step, max_drafts - 1)
       tokens = tokens.at[:, slot].set(jnp.where(go_on, x, tokens[:, slot]))
       return (cache, predicted, jnp.where(go_on, x, token), tokens, q, q_raw, go_on, n_drafted + go_on,

@@ -240,7 +240,7 @@ def multi_draft_methods() -> list[str]:
 
 def multi_draft_markdown(records: Sequence[Record]) -> str:
   """SpecTr's Table 2 layout, one table per group: per method and draft length L = γ, for each number of
-  drafts K (K = 1 is SpecDecode): tokens per serial verifier call, latency relative to SpecDecode at the
+  drafts K (K = 1 is SpecDecode, except for DynamicTree, whose one beam is a greedy chain): tokens per serial verifier call, latency relative to SpecDecode at the
   same L (batch 1; < 1 is faster), and verifier positions scored per token (the price of K drafts)."""
   names = {"speculative": "SpecDecode", "spectr": "SpecTr", "specinfer": "SpecInfer", "dynamic_tree": "DynamicTree"}
   sections = []
@@ -261,7 +261,7 @@ def multi_draft_markdown(records: Sequence[Record]) -> str:
                 if r["point"]["method"] == method and r["point"]["gamma"] == gamma}
         if not by_k:
           continue
-        if gamma in spec:
+        if gamma in spec and method != "dynamic_tree":   # one beam is a greedy chain, not SpecDecode
           by_k.setdefault(1, spec[gamma])
         rows.append(f"| {name} | {gamma} | " + " | ".join(
             _multi_draft_cell(by_k.get(k), spec.get(gamma)) for k in drafts) + " |")

@@ -119,8 +119,12 @@ def load_workload(experiment: Experiment) -> Workload:
   drafter's head (EAGLE, `exports.load_drafter`): it reads the verifier's hidden states."""
   vocab = load_vocabulary(experiment.vocab_path)
   on_mesh = experiment.mesh_shape is not None
-  verifier = _load_model(experiment.verifier, vocab, host=on_mesh)
+  # A feature head is checked against the verifier as exported (its fingerprint), then reads it in its dtype.
+  verifier = _load_model(dataclasses.replace(experiment.verifier, dtype=None), vocab, host=on_mesh)
   drafter = _load_drafter(experiment.drafter, verifier, vocab, host=on_mesh)
+  if experiment.verifier.dtype is not None:
+    verifier = models.with_dtype(verifier, experiment.verifier.dtype)
+    drafter = drafter.replace(verifier=verifier) if isinstance(drafter, FeatureDrafter) else drafter
   encoder_decoder = isinstance(verifier, models.T5)
   if (drafter.encoder_decoder if isinstance(drafter, FeatureDrafter) else isinstance(drafter, models.T5)
       ) != encoder_decoder:

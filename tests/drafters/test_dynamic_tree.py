@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, models, sampling
+from specdec import decoding, models, sampling, tree
 from specdec.decoding import multi_draft
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.models import feature_head
-from tests.stats import assert_law, sequence_codes, sequence_law
+from tests.stats import assert_law, chi2_pvalue, sequence_codes, sequence_law
 from tests.toy_models import PositionalTrigram
 
 
@@ -58,6 +58,25 @@ def test_beams_are_the_k_best_paths_of_a_beam_search():
     for copy, path in enumerate(paths):
       held = np.asarray(drafts.state.kv[row * num_beams + copy, :length + gamma])
       np.testing.assert_array_equal(held, np.concatenate([prompt, path]))
+
+
+def test_beams_verified_as_samples_of_q_would_not_keep_the_law():
+  """The verification alone, one position, V = 4: the drafter's two most likely tokens as deterministic
+  candidates. Tested as proposals δ_x (dynamic_tree) the emitted token follows p; tested against q, as
+  SpecInfer tests sampled drafts, it does not (so the law tests above can fail)."""
+  samples = 200_000
+  q, p = np.array([0.5, 0.3, 0.15, 0.05]), np.array([0.1, 0.2, 0.3, 0.4])
+  drafts = jnp.broadcast_to(jnp.asarray([[0], [1]], jnp.int32), (samples, 2, 1))
+  target = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (samples, 2, 2, 4))
+
+  def emitted(proposal):
+    proposals = jnp.broadcast_to(jnp.asarray(proposal, jnp.float32), (samples, 2, 1, 4))
+    n_accepted, index, next_token = tree.verify_tree(jax.random.PRNGKey(0), drafts, proposals, target)
+    return np.where(np.asarray(n_accepted) > 0, np.asarray(drafts[:, :, 0])[np.arange(samples), index],
+                    np.asarray(next_token))
+
+  assert_law(emitted(np.eye(4)[[0, 1]][:, None]), p, what="δ_x proposals")
+  assert chi2_pvalue(emitted(np.broadcast_to(q, (2, 1, 4))), p) < 1e-9
 
 
 @pytest.mark.parametrize("num_drafts, gamma, temperature, top_p", [(2, 2, 1.0, 1.0), (3, 2, 0.7, 0.8)])

@@ -137,13 +137,16 @@ def _loop_arrays(hlo):
 
 
 @pytest.mark.parametrize("kind, method, temperature", [("lm", "autoregressive", 0.0), ("lm", "speculative", 1.0),
-                                                       ("t5", "speculative", 0.0), ("t5", "speculative", 1.0)])
+                                                       ("t5", "speculative", 0.0), ("t5", "speculative", 1.0),
+                                                       ("lm", "dynamic_tree", 1.0)])
 def test_data_parallel_devices_hold_only_their_rows(kind, method, temperature):
   """Mesh (data=4, model=2), batch 12: every KV cache the decode loop carries holds 3 rows per device (each
-  data replica decodes its own rows, model-parallel over heads), and the tokens are one device's."""
+  data replica decodes its own rows, model-parallel over heads; a dynamic tree's drafter 3 rows' K = 2
+  beams, which trade states within their row), and the tokens are one device's."""
   drafter, verifier = _pair(kind)
   prompts, lengths = _prompts(batch=12)
-  kw = dict(method=method, gamma=3, temperature=temperature, max_new_tokens=12, eos_id=None)
+  beams = {"num_drafts": 2} if method == "dynamic_tree" else {}
+  kw = dict(method=method, gamma=3, temperature=temperature, max_new_tokens=12, eos_id=None, **beams)
   key = jax.random.PRNGKey(5)
   want = decoding.generate(key, drafter, verifier, prompts, lengths, **kw)
   mesh = partitioning.make_mesh(4, 2)
@@ -153,7 +156,7 @@ def test_data_parallel_devices_hold_only_their_rows(kind, method, temperature):
   np.testing.assert_array_equal(got.tokens, want.tokens)
   caches = _loop_arrays(decoding.lower(*args, **kw).compile().as_text())
   assert caches, "the decode loop carries no KV cache?"
-  assert {shape[0] for shape in caches} == {3}, caches
+  assert {shape[0] for shape in caches} == ({3, 6} if beams else {3}), caches
 
 
 def _t5_batch(batch=8):
