@@ -240,8 +240,9 @@ def multi_draft_methods() -> list[str]:
 
 def multi_draft_markdown(records: Sequence[Record]) -> str:
   """SpecTr's Table 2 layout, one table per group: per method and draft length L = γ, for each number of
-  drafts K (K = 1 is SpecDecode, except for DynamicTree, whose one beam is a greedy chain): tokens per serial verifier call, latency relative to SpecDecode at the
-  same L (batch 1; < 1 is faster), and verifier positions scored per token (the price of K drafts)."""
+  drafts K (K = 1 is SpecDecode, except for DynamicTree, whose one beam is a greedy chain): tokens per
+  serial verifier call, latency relative to SpecDecode at the same L (batch 1; < 1 is faster), and verifier
+  positions scored per token (the price of K drafts)."""
   names = {"speculative": "SpecDecode", "spectr": "SpecTr", "specinfer": "SpecInfer", "dynamic_tree": "DynamicTree"}
   sections = []
   for group in group_records(records):
