@@ -26,9 +26,15 @@ class PositionalTrigram:
     table = rng.normal(size=(max_length, vocab_size, vocab_size, vocab_size)) * scale
     return cls(table=jnp.asarray(table, jnp.float32), max_length=max_length)
 
+  encoder_decoder = False
+  scores_trees = True
+
   @property
   def vocab_size(self) -> int:
     return self.table.shape[-1]
+
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    return prompt_width
 
   def logits(self, tokens):
     positions = jnp.arange(tokens.shape[1])

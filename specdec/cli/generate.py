@@ -420,7 +420,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   import jax
   from specdec import decoding
   from specdec.data import load_vocabulary, tasks
-  from specdec.models.base import is_encoder_decoder
   from specdec.training import exports
   from specdec.training.convert import load_any
 
@@ -458,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
          "head": args.head if drafter is not None else None, "verifier": args.verifier, "vocab": args.vocab}
 
   prompts, lengths = tasks.prompt_batch(texts, task=args.task, vocab=vocab, truncate=args.truncate,
-                                        encoder_decoder=is_encoder_decoder(verifier))
+                                        encoder_decoder=verifier.encoder_decoder)
   unknown = _warn_of_unknown_characters(texts, vocab)
   budget = registry.load()["tasks"][args.task]["max_input_tokens"] if args.task else None
   cache_room = min(model.max_length for model in (verifier, drafter) if model is not None)

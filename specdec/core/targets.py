@@ -10,8 +10,10 @@ Every function is jit-able with α and β traced; the rule name is static.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,36 +23,115 @@ from specdec.core import checks
 from specdec.core.sampling import entropy, masked_sum
 
 Array = jax.Array
-
-# Rules whose π is (1 − δ)·q + δ·p with a deferral decision δ ∈ {0, 1} (eq. 6).
-CASCADE_RULES = ("chow", "chow_log", "diff", "diff_log", "opt", "opt_log", "bild")
-# Token-specific rules: π(v) = q(v)·(1 − r(v)) + p(v)·Σ_v' r(v')·q(v') (eq. 11, Alg. 6).
-TOKEN_RULES = ("token_v1", "token_v2", "token_v3")
-RULES = ("spec", "lossy", "lossy_tuned") + CASCADE_RULES + TOKEN_RULES
-
-# Allowed α per rule: probability-scale thresholds live in [0, 1); entropy / log-probability
-# thresholds (ChowLog, DiffLog, OPTLog, BiLD's cross-entropy) are in nats, [0, ∞).
-_NATS_RULES = ("chow_log", "diff_log", "opt_log", "bild")
+Inputs = frozenset[str]   # a subset of {"q", "p", "q_raw", "p_raw"}
 
 
-def check_rule(rule: str) -> None:
-  if rule not in RULES:
-    raise ValueError(f"unknown rule {rule!r}; choose one of {', '.join(RULES)}")
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A target rule π = T(q, p) as data: the one place the decode loops learn what a rule does.
+
+  `target(q=, p=, q_raw=, p_raw=, alpha=, beta=)` -> π [..., V] reads `reads` (q, p transformed; q_raw,
+  p_raw untransformed, App. C.1); α ∈ [0, `alpha_hi`) (`alpha_unit` names its scale), unused where
+  `uses_alpha` is False; `lossless` where π = p (the output's law is the verifier's). `bonus`: the law at the bonus position after a row's last draft, 'target' (π
+  there too) or 'p' (drawn from p, as the lossy rules of Tran-Thien). `defers(q_raw=, p_raw=, q=, p=,
+  alpha=)` -> δ [...] bool for a rule with π = (1 − δ)·q + δ·p (eq. 6), reading `defer_reads`; such a
+  rule's reported deferral is δ itself, any other rule's is π ≠ q (`moves_mass`). Registered in `RULES`
+  (`register_rule`), like `decoding.methods.Method`.
+  """
+  name: str
+  target: Callable[..., Array]
+  reads: Inputs
+  summary: str
+  alpha_hi: float = 1.0
+  alpha_unit: str = ""
+  uses_alpha: bool = True
+  lossless: bool = False
+  bonus: str = "target"
+  defers: Callable[..., Array] | None = None
+  defer_reads: Inputs = frozenset()
+
+  def __post_init__(self):
+    unknown = (self.reads | self.defer_reads) - {"q", "p", "q_raw", "p_raw"}
+    if unknown or self.bonus not in ("target", "p") or (self.defers is None) != (not self.defer_reads):
+      raise ValueError(f"rule {self.name!r}: reads and defer_reads are subsets of q, p, q_raw, p_raw (a "
+                       f"deferral rule reads at least one), bonus is 'target' or 'p'")
+
+  @property
+  def needs_bonus_q(self) -> bool:
+    """Whether π at the bonus position reads the drafter's distribution there (else its call is saved)."""
+    return self.bonus == "target" and bool(self.reads & {"q", "q_raw"})
+
+  @property
+  def decides_from_q(self) -> bool:
+    """A deferral rule whose δ reads q_raw alone: usable before the verifier runs (sequential cascades)."""
+    return self.defers is not None and self.defer_reads <= {"q_raw"}
+
+  def alpha_range(self) -> tuple[float, float, str]:
+    """α's allowed interval [lo, hi) and the name errors give it."""
+    unit = f", a threshold in {self.alpha_unit}" if self.alpha_unit else ""
+    return 0.0, self.alpha_hi, f"alpha (rule {self.name!r}{unit})"
+
+  def check_alpha(self, alpha) -> None:
+    """α in `alpha_range()` when concrete (raises ValueError)."""
+    lo, hi, label = self.alpha_range()
+    checks.check_range(label, alpha, lo, hi, hi_closed=False)
+
+  def distribution(self, *, q: Array, p: Array, q_raw: Array, p_raw: Array, alpha=0.0, beta=1.0) -> Array:
+    """π = T(q, p), [..., V] each -> [..., V]; α checked when concrete."""
+    self.check_alpha(alpha)
+    return self.target(q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha, beta=beta)
+
+  def with_bonus(self, pi: Array, p: Array, is_bonus: Array) -> Array:
+    """π with p at the bonus positions (`is_bonus`, broadcast against [..., V]) where `bonus` is 'p'."""
+    return jnp.where(is_bonus, p, pi) if self.bonus == "p" else pi
+
+  def deferred(self, *, q: Array, p: Array, q_raw: Array, p_raw: Array, pi: Array, alpha) -> Array:
+    """The reported deferral [...]: δ for a deferral rule (at T = 0 a deferral to an agreeing p leaves π =
+    q), else π ≠ q (`moves_mass`)."""
+    if self.defers is not None:
+      return self.defers(q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=jnp.asarray(alpha, jnp.float32))
+    return moves_mass(pi, q)
 
 
-def alpha_range(rule: str) -> tuple[float, float, str]:
-  """α's allowed interval [lo, hi) for `rule` and the name errors give it: [0, 1) for probability-scale
+RULES: dict[str, Rule] = {}
+
+
+def register_rule(rule: Rule) -> Rule:
+  """Adds `rule` to `RULES`; every method taking `rule` (speculative, oracle_cascade) then runs it."""
+  if rule.name in RULES:
+    raise ValueError(f"a rule named {rule.name!r} is already registered")
+  RULES[rule.name] = rule
+  return rule
+
+
+def get_rule(name: str) -> Rule:
+  """The registered rule `name` (ValueError naming the registered ones otherwise)."""
+  if name not in RULES:
+    raise ValueError(f"unknown rule {name!r}; choose one of {', '.join(RULES)}")
+  return RULES[name]
+
+
+def check_rule(name: str) -> None:
+  get_rule(name)
+
+
+def alpha_range(name: str) -> tuple[float, float, str]:
+  """α's allowed interval [lo, hi) for rule `name` and the name errors give it: [0, 1) for probability-scale
   rules, [0, ∞) for the nats-scale ones."""
-  check_rule(rule)
-  if rule in _NATS_RULES:
-    return 0.0, math.inf, f"alpha (rule {rule!r}, a threshold in nats)"
-  return 0.0, 1.0, f"alpha (rule {rule!r})"
+  return get_rule(name).alpha_range()
 
 
-def check_alpha(rule: str, alpha) -> None:
-  """α in `alpha_range(rule)` (raises ValueError)."""
-  lo, hi, name = alpha_range(rule)
-  checks.check_range(name, alpha, lo, hi, hi_closed=False)
+def check_alpha(name: str, alpha) -> None:
+  """α in `alpha_range(name)` (raises ValueError)."""
+  get_rule(name).check_alpha(alpha)
+
+
+def moves_mass(pi: Array, q: Array) -> Array:
+  """π ≠ q beyond rounding, [..., V] -> [...] bool: some |π(v) − q(v)| exceeds 4 ulps of max(π(v), q(v))
+  in their dtype (a relative test: an absolute threshold would hide real moves of small mass and count a
+  bfloat16 rounding as one)."""
+  tolerance = 4 * jnp.finfo(jnp.result_type(pi, q)).eps
+  return jnp.any(jnp.abs(pi - q) > tolerance * jnp.maximum(pi, q), axis=-1)
 
 
 def check_beta(alpha, beta) -> None:
@@ -81,38 +162,17 @@ def bild_discrepancy(q: Array, p_raw: Array) -> Array:
 
 def deferral(rule: str, *, q_raw: Array, p_raw: Array | None = None, q: Array | None = None,
              p: Array | None = None, alpha) -> Array:
-  """δ(q, p) ∈ {0, 1} of a cascade rule (Table 3, eqs. 2, 5, 10, 26–28), [..., V] -> [...] bool.
-
-  chow      max q_raw < 1 − α                            (needs q_raw only: sequential cascades)
-  chow_log  entropy(q_raw) > α                           (needs q_raw only)
-  diff      max q_raw < max p_raw − α
-  diff_log  entropy(p_raw) < entropy(q_raw) − α
-  opt       max q_raw < max p_raw − α·D_TV(p, q)         (q, p transformed)
-  opt_log   entropy(p_raw) < entropy(q_raw) − α·D_TV(p, q)
-  bild      −Σ q·log p_raw > α                           (q transformed)
-  """
-  if rule not in CASCADE_RULES:
-    raise ValueError(f"deferral() is defined for the cascade rules {CASCADE_RULES}; got {rule!r}")
-  needs = {"diff": ("p_raw",), "diff_log": ("p_raw",), "opt": ("p_raw", "q", "p"),
-           "opt_log": ("p_raw", "q", "p"), "bild": ("p_raw", "q")}.get(rule, ())
-  given = {"p_raw": p_raw, "q": q, "p": p}
-  missing = [name for name in needs if given[name] is None]
+  """δ(q, p) ∈ {0, 1} of a deferral rule (`Rule.defers`; the built-in ones in Table 3, eqs. 2, 5, 10, 26–28),
+  [..., V] -> [...] bool. Only the inputs the rule reads (`Rule.defer_reads`) are needed: chow and
+  chow_log decide from q_raw alone (sequential cascades)."""
+  found = get_rule(rule)
+  if found.defers is None:
+    raise ValueError(f"deferral() is defined for the deferral rules {', '.join(deferral_rules())}; got {rule!r}")
+  given = {"q_raw": q_raw, "p_raw": p_raw, "q": q, "p": p}
+  missing = [name for name in sorted(found.defer_reads) if given[name] is None]
   if missing:
     raise ValueError(f"rule {rule!r} needs {', '.join(missing)}")
-  alpha = jnp.asarray(alpha, jnp.float32)
-  if rule == "chow":
-    return jnp.max(q_raw, axis=-1) < 1.0 - alpha
-  if rule == "chow_log":
-    return entropy(q_raw) > alpha
-  if rule == "diff":
-    return jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1) - alpha
-  if rule == "diff_log":
-    return entropy(p_raw) < entropy(q_raw) - alpha
-  if rule == "opt":
-    return jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1) - alpha * tv_distance(p, q)
-  if rule == "opt_log":
-    return entropy(p_raw) < entropy(q_raw) - alpha * tv_distance(p, q)
-  return bild_discrepancy(q, p_raw) > alpha
+  return found.defers(q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=jnp.asarray(alpha, jnp.float32))
 
 
 def token_deferral(rule: str, *, q_raw: Array, p_raw: Array, alpha) -> Array:
@@ -122,15 +182,10 @@ def token_deferral(rule: str, *, q_raw: Array, p_raw: Array, alpha) -> Array:
   token_v2  p_raw(v) < max p_raw − α
   token_v3  p_raw(v) < max p_raw·(1 − α)
   """
+  if rule not in _TOKEN_DEFERRALS:
+    raise ValueError(f"token_deferral() is defined for {', '.join(_TOKEN_DEFERRALS)}; got {rule!r}")
   alpha = _per_token(alpha)
-  p_max = jnp.max(p_raw, axis=-1, keepdims=True)
-  if rule == "token_v1":
-    return q_raw < p_max - alpha
-  if rule == "token_v2":
-    return p_raw < p_max - alpha
-  if rule == "token_v3":
-    return p_raw < p_max * (1.0 - alpha)
-  raise ValueError(f"token_deferral() is defined for {TOKEN_RULES}; got {rule!r}")
+  return _TOKEN_DEFERRALS[rule](q_raw, p_raw, jnp.max(p_raw, axis=-1, keepdims=True), alpha)
 
 
 def lossy_target(q: Array, p: Array, alpha, beta) -> Array:
@@ -179,31 +234,12 @@ def lossy_beta(q: Array, p: Array, alpha, *, iterations: int = 64) -> Array:
 
 def target_distribution(rule: str, *, q: Array, p: Array, q_raw: Array, p_raw: Array, alpha=0.0,
                         beta=1.0) -> Array:
-  """π = T(q, p) for `rule`, [..., V] each -> [..., V].
-
-  spec          p                                                (Alg. 1)
-  lossy         max(min(q, p/(1−α)), p/β), β given (1 = the paper's default; Σπ ≥ 1 in general)
-  lossy_tuned   the same with β = β*(q, p, α) of App. F.6 (Σπ = 1)
-  cascade rules (1 − δ)·q + δ·p with δ from `deferral`          (eq. 6, App. C.1 eq. 23)
-  token_v1..v3  q·(1 − r) + p·Σ r·q with r from `token_deferral` (eqs. 11, 16, App. C.1)
+  """π = T(q, p) of the registered rule `rule` (`Rule.distribution`), [..., V] each -> [..., V].
 
   q, p are the transformed S(·) distributions; q_raw, p_raw the untransformed ones. α and β are
   scalars or arrays of shape [...] (e.g. per row); α is checked against the rule's range when concrete.
   """
-  check_alpha(rule, alpha)
-  if rule == "spec":
-    return p
-  if rule == "lossy":
-    check_beta(alpha, beta)
-    return lossy_target(q, p, alpha, beta)
-  if rule == "lossy_tuned":
-    return lossy_target(q, p, alpha, lossy_beta(q, p, alpha))
-  if rule in CASCADE_RULES:
-    delta = deferral(rule, q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=alpha)[..., None]
-    return jnp.where(delta, p, q)
-  r = token_deferral(rule, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
-  eta = masked_sum(q, r)[0][..., None]
-  return jnp.where(r, 0.0, q) + p * eta
+  return get_rule(rule).distribution(q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha, beta=beta)
 
 
 def lenient_target(q: Array, p: Array, *, q_raw: Array, p_raw: Array, lenience, greedy) -> Array:
@@ -225,3 +261,80 @@ def lenient_target(q: Array, p: Array, *, q_raw: Array, p_raw: Array, lenience, 
   q_at_x, p_at_x = jnp.sum(q * q_raw, axis=-1, keepdims=True), jnp.sum(q * p_raw, axis=-1, keepdims=True)
   keep_draft = greedy & (lenience > 1.0) & (q_at_x <= lenience * p_at_x)
   return jnp.where(keep_draft, q, pi)
+
+
+# --- the built-in rules (Tables 1 and 3), in the order of the paper's tables ------------------------------
+
+def _deferral_rule(name: str, defers: Callable[..., Array], defer_reads: set[str], summary: str,
+                   alpha_unit: str = "") -> Rule:
+  """A rule π = (1 − δ)·q + δ·p with δ from `defers` (eq. 6, App. C.1 eq. 23)."""
+  def target(*, q, p, q_raw, p_raw, alpha, beta):
+    delta = defers(q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=jnp.asarray(alpha, jnp.float32))
+    return jnp.where(delta[..., None], p, q)
+  return Rule(name, target, reads=frozenset({"q", "p"} | defer_reads), summary=summary, defers=defers,
+              defer_reads=frozenset(defer_reads), alpha_hi=math.inf if alpha_unit else 1.0, alpha_unit=alpha_unit)
+
+
+def _token_rule(name: str, reads: set[str], summary: str) -> Rule:
+  """A token-specific rule π(v) = q(v)·(1 − r(v)) + p(v)·Σ_v' r(v')·q(v') (eqs. 11, 16, Alg. 6)."""
+  def target(*, q, p, q_raw, p_raw, alpha, beta):
+    r = token_deferral(name, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
+    eta = masked_sum(q, r)[0][..., None]
+    return jnp.where(r, 0.0, q) + p * eta
+  return Rule(name, target, reads=frozenset({"q", "p"} | reads), summary=summary)
+
+
+def _lossy(*, q, p, q_raw, p_raw, alpha, beta):
+  check_beta(alpha, beta)
+  return lossy_target(q, p, alpha, beta)
+
+
+_TOKEN_DEFERRALS = {
+    "token_v1": lambda q_raw, p_raw, p_max, alpha: q_raw < p_max - alpha,
+    "token_v2": lambda q_raw, p_raw, p_max, alpha: p_raw < p_max - alpha,
+    "token_v3": lambda q_raw, p_raw, p_max, alpha: p_raw < p_max * (1.0 - alpha),
+}
+
+for _rule in (
+    Rule("spec", lambda *, q, p, q_raw, p_raw, alpha, beta: p, reads=frozenset({"p"}), uses_alpha=False, lossless=True,
+         summary="p (Alg. 1): lossless speculative decoding"),
+    Rule("lossy", _lossy, reads=frozenset({"q", "p"}), bonus="p",
+         summary="max(min(q, p/(1−α)), p/β), β given (Table 1, Lemma 2; β = 1 by default, Σπ ≥ 1 in general)"),
+    Rule("lossy_tuned", lambda *, q, p, q_raw, p_raw, alpha, beta: lossy_target(q, p, alpha, lossy_beta(q, p, alpha)),
+         reads=frozenset({"q", "p"}), bonus="p", summary="lossy with β = β*(q, p, α) of App. F.6 (Σπ = 1)"),
+    _deferral_rule("bild", lambda *, q_raw, p_raw, q, p, alpha: bild_discrepancy(q, p_raw) > alpha, {"p_raw", "q"},
+                   "BiLD*: defer when −Σ q·log p_raw > α (q transformed)", alpha_unit="nats"),
+    _deferral_rule("chow", lambda *, q_raw, p_raw, q, p, alpha: jnp.max(q_raw, axis=-1) < 1.0 - alpha, {"q_raw"},
+                   "defer when max q_raw < 1 − α (eq. 2)"),
+    _deferral_rule("chow_log", lambda *, q_raw, p_raw, q, p, alpha: entropy(q_raw) > alpha, {"q_raw"},
+                   "defer when entropy(q_raw) > α", alpha_unit="nats"),
+    _deferral_rule("diff", lambda *, q_raw, p_raw, q, p, alpha: jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1)
+                   - alpha, {"q_raw", "p_raw"}, "defer when max q_raw < max p_raw − α (eq. 5)"),
+    _deferral_rule("diff_log", lambda *, q_raw, p_raw, q, p, alpha: entropy(p_raw) < entropy(q_raw) - alpha,
+                   {"q_raw", "p_raw"}, "defer when entropy(p_raw) < entropy(q_raw) − α", alpha_unit="nats"),
+    _deferral_rule("opt", lambda *, q_raw, p_raw, q, p, alpha: jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1)
+                   - alpha * tv_distance(p, q), {"q_raw", "p_raw", "q", "p"},
+                   "defer when max q_raw < max p_raw − α·D_TV(p, q) (eq. 10)"),
+    _deferral_rule("opt_log", lambda *, q_raw, p_raw, q, p, alpha: entropy(p_raw) < entropy(q_raw)
+                   - alpha * tv_distance(p, q), {"q_raw", "p_raw", "q", "p"},
+                   "defer when entropy(p_raw) < entropy(q_raw) − α·D_TV(p, q)", alpha_unit="nats"),
+    _token_rule("token_v1", {"q_raw", "p_raw"}, "r(v) = [q_raw(v) < max p_raw − α] (eq. 13)"),
+    _token_rule("token_v2", {"p_raw"}, "r(v) = [p_raw(v) < max p_raw − α] (eq. 14)"),
+    _token_rule("token_v3", {"p_raw"}, "r(v) = [p_raw(v) < max p_raw·(1 − α)] (eq. 15)"),
+):
+  register_rule(_rule)
+
+
+def deferral_rules() -> tuple[str, ...]:
+  """The registered rules with π = (1 − δ)·q + δ·p (`Rule.defers`)."""
+  return tuple(name for name, found in RULES.items() if found.defers is not None)
+
+
+def sequential_rules() -> tuple[str, ...]:
+  """The registered deferral rules that decide from q_raw alone (`Rule.decides_from_q`)."""
+  return tuple(name for name, found in RULES.items() if found.decides_from_q)
+
+
+# The built-in families, for tests and tables that enumerate them.
+CASCADE_RULES = deferral_rules()
+TOKEN_RULES = tuple(_TOKEN_DEFERRALS)

@@ -26,7 +26,7 @@ from specdec.decoding.common import Output, Stats
 from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_drafter, bigram_table
 from specdec.decoding.methods import METHODS, Bounds, Method, Param, count_bounds, register
-from specdec.models import base, partitioning
+from specdec.models import partitioning
 from specdec.models.base import Model
 from specdec.core.sampling import Sampling
 
@@ -98,16 +98,15 @@ def _sampling(sampling: Sampling | None, temperature, top_p, top_k, platform: st
 
 def required_cache_length(method: Method, params: dict[str, Any], verifier: Model, drafter: Model | Drafter | None,
                           prompt_width: int, max_new_tokens: int) -> int:
-  """Cache positions a run needs: the padded prompt's (`base.prompt_cache_positions`: its width, 1 for an
-  encoder-decoder), the new tokens, the method's overhang (`Method.cache_overhang`: one step's writes
+  """Cache positions a run needs: the padded prompt's (`prompt_cache_positions` of the verifier and the
+  drafter: the width, 1 for an encoder-decoder and a drafter built on one), the new tokens, the method's overhang (`Method.cache_overhang`: one step's writes
   beyond them) and the drafter's (`Drafter.cache_overhang`: a cascade's review call). `params`: resolved;
   `drafter`: as the method's decode function gets it (None, a model or a `Drafter`)."""
   # A drafter that reads the verifier (a feature drafter) holds the verifier's positions.
   reads_verifier = isinstance(drafter, Drafter) and drafter.reads_verifier
-  networks = [verifier] + ([] if drafter is None or reads_verifier
-                           else [drafter.model if isinstance(drafter, ModelDrafter) else drafter])
+  networks = [verifier] + ([] if drafter is None or reads_verifier else [drafter])
   overhang = method.cache_overhang(params) + (drafter.cache_overhang if isinstance(drafter, Drafter) else 0)
-  return max(base.prompt_cache_positions(m, prompt_width) for m in networks) + max_new_tokens + overhang
+  return max(m.prompt_cache_positions(prompt_width) for m in networks) + max_new_tokens + overhang
 
 
 def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts: Array,

@@ -43,7 +43,7 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
   lossy with β = 1). With a cascade rule this is (1 − δ)·S(q_t) + δ·S(p_t), and in every case it is the
   reference law of `speculative` with the same rule, at two calls per token.
   """
-  batch = prompts.shape[0]
+  batch, target = prompts.shape[0], targets.get_rule(rule)
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, step_key = rng.split(state.key)
@@ -51,12 +51,9 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
     p_logits, verifier_cache = verifier.score(state.verifier_cache, state.last[:, None])
     q_raw, q = sampling.distributions(q_logits[:, 0])
     p_raw, p = sampling.distributions(p_logits[:, 0])
-    pi = targets.target_distribution(rule, q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
+    pi = target.distribution(q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
     token = sampling_lib.sample(step_key, verify.verification_law(q, pi))
-    if rule in targets.CASCADE_RULES:
-      deferred = targets.deferral(rule, q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=alpha)
-    else:
-      deferred = jnp.any(jnp.abs(pi - q) > 1e-6, axis=-1)
+    deferred = target.deferred(q=q, p=p, q_raw=q_raw, p_raw=p_raw, pi=pi, alpha=alpha)
     new_state = state.replace(key=key, drafter_state=drafter_cache, verifier_cache=verifier_cache, last=token)
     return new_state, common.Emission(
         block=token[:, None], count=jnp.ones((batch,), jnp.int32),
@@ -169,10 +166,10 @@ def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
                        failed=drafted.failed | (defers & verified.failed))
 
 
-def _check_chow_rule(rule, params) -> None:
-  if rule not in ("chow", "chow_log"):
-    raise ValueError(f"rule must be chow or chow_log for token_cascade (it defers on q alone, before the "
-                     f"verifier runs); got {rule!r}")
+def _check_sequential_rule(rule, params) -> None:
+  if not targets.get_rule(rule).decides_from_q:
+    raise ValueError(f"rule must be {' or '.join(targets.sequential_rules())} for token_cascade (it defers on q "
+                     f"alone, before the verifier runs); got {rule!r}")
 
 
 register(Method(
@@ -182,8 +179,8 @@ register(Method(
 register(Method(
     "token_cascade", decode=token_cascade, drafter="model", cache_overhang=lambda p: MAX_DRAFTER_RUN + 2,
     summary=f"TokenCascade (Alg. 2, ≤ {MAX_DRAFTER_RUN} drafter tokens per verifier call)",
-    params=(dataclasses.replace(RULE, default="chow", check=_check_chow_rule, choices=("chow", "chow_log"),
-                                help="chow or chow_log (defers on q alone)"), ALPHA)))
+    params=(dataclasses.replace(RULE, default="chow", check=_check_sequential_rule, choices=targets.sequential_rules(),
+                                help=f"{' or '.join(targets.sequential_rules())} (defers on q alone)"), ALPHA)))
 register(Method(
     "oracle_cascade", decode=oracle_cascade, drafter="model",
     summary="OracleCascade (Alg. 3) with any rule (diff: Oracle [Diff])", params=(RULE, ALPHA)))

@@ -25,7 +25,7 @@ from flax import struct
 
 from specdec import checks
 from specdec.decoding.drafters import Drafter
-from specdec.models.base import Model, is_encoder_decoder
+from specdec.models.base import Model
 
 Array = jax.Array
 
@@ -254,8 +254,7 @@ def check_models(drafter: Model | Drafter | None, verifier: Model) -> None:
     raise ValueError(f"drafter and verifier vocabularies differ: drafter vocab_size={drafter.vocab_size}, "
                      f"verifier vocab_size={verifier.vocab_size}")
   # The loops commit both caches to the verifier's lengths: both must hold the same positions.
-  reads_encoder_input = drafter.encoder_decoder if isinstance(drafter, Drafter) else is_encoder_decoder(drafter)
-  if drafter is not None and reads_encoder_input != is_encoder_decoder(verifier):
+  if drafter is not None and drafter.encoder_decoder != verifier.encoder_decoder:
     raise ValueError("drafter and verifier must both be decoder-only or both encoder-decoder models: "
                      "one reads the prompt as its decoder prefix, the other as its encoder input")
   if isinstance(drafter, Drafter):

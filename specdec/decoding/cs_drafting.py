@@ -30,7 +30,7 @@ from specdec import sampling as sampling_lib
 from specdec.decoding import common, speculative
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, observe_chunk
 from specdec.decoding.methods import GAMMA, Bounds, Method, Param, count_bounds, register
-from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback
+from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
 
@@ -73,7 +73,7 @@ class VerticalCascade(Drafter):
     if self.lower.vocab_size != self.upper.vocab_size:
       raise ValueError(f"VerticalCascade levels have different vocabularies: upper vocab_size="
                        f"{self.upper.vocab_size}, lower vocab_size={self.lower.vocab_size}")
-    if self.lower.encoder_decoder != is_encoder_decoder(self.upper):
+    if self.lower.encoder_decoder != self.upper.encoder_decoder:
       raise ValueError("VerticalCascade levels must read the prompt alike (both decoder-only or both "
                        "encoder-decoder)")
 
@@ -87,12 +87,15 @@ class VerticalCascade(Drafter):
 
   @property
   def encoder_decoder(self) -> bool:
-    return is_encoder_decoder(self.upper)
+    return self.upper.encoder_decoder
 
   @property
   def cache_overhang(self) -> int:
     """Cache positions written beyond the block: a review call reaches lower_gamma + 1 past it."""
     return self.lower_gamma + 1 + self.lower.cache_overhang
+
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    return max(self.upper.prompt_cache_positions(prompt_width), self.lower.prompt_cache_positions(prompt_width))
 
   def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[VerticalState, Array]:
     last, upper = prefill(self.upper, self.upper.init_cache(prompts.shape[0], cache_length), prompts,
@@ -211,6 +214,9 @@ class HorizontalCascade(Drafter):
   @property
   def cache_overhang(self) -> int:
     return max(stage.cache_overhang for stage in self.stages)
+
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    return max(stage.prompt_cache_positions(prompt_width) for stage in self.stages)
 
   def allotment(self, max_drafts: int) -> list[int]:
     """Drafts per stage in a block of `max_drafts` (the last stage takes what the limits leave)."""

@@ -44,7 +44,7 @@ from flax import struct
 
 from specdec import rng
 from specdec import sampling as sampling_lib
-from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback, scores_trees
+from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
 
@@ -163,6 +163,11 @@ class Drafter:
   def check_verifier(self, verifier: Model) -> None:
     """Raises ValueError where this drafter cannot serve `verifier` (beyond the vocabulary, checked apart)."""
 
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    """Cache positions its caches give prompts padded to `prompt_width` (`Model.prompt_cache_positions`;
+    a drafter without a network: the width)."""
+    return prompt_width
+
   def observe(self, state: Any, tokens: Array, counts: Array) -> Any:
     """The state after reading tokens[b, :counts[b]] [B, W] drafted by others (a horizontal cascade)."""
     raise NotImplementedError(f"{type(self).__name__} cannot read tokens it did not draft, so it cannot be a "
@@ -229,11 +234,14 @@ class ModelDrafter(Drafter):
 
   @property
   def encoder_decoder(self) -> bool:
-    return is_encoder_decoder(self.model)
+    return self.model.encoder_decoder
 
   @property
   def keeps_copies(self) -> bool:
-    return scores_trees(self.model) and self.head is None and self.bonus_q
+    return self.model.scores_trees and self.head is None and self.bonus_q
+
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    return self.model.prompt_cache_positions(prompt_width)
 
   def keep_copy(self, state: Cache, source_rows: Array, start: Array, width: int) -> Cache:
     slots = start[:, None] + jnp.arange(width)

@@ -27,7 +27,7 @@ from flax import struct
 from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec.decoding.drafters import BeamSearch, Draft, Drafter, Verified
-from specdec.models.base import Cache, Model, is_encoder_decoder, rollback
+from specdec.models.base import Cache, Model, rollback
 from specdec.models.feature_head import FeatureHead, verifier_fingerprint
 
 Array = jax.Array
@@ -67,7 +67,10 @@ class FeatureDrafter(Drafter):
   @property
   def encoder_decoder(self) -> bool:
     """A T5 verifier's: the head reads its decoder's hidden states, at its decoder positions."""
-    return is_encoder_decoder(self.verifier)
+    return self.verifier.encoder_decoder
+
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    return self.verifier.prompt_cache_positions(prompt_width)
 
   def check_verifier(self, verifier: Model) -> None:
     check_pair(self.head, verifier)

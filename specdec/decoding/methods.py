@@ -209,10 +209,12 @@ def count_bounds(lo: int, hi: float | str = math.inf, label: str = "") -> Bounds
   return Bounds(lo, hi, integer=True, label=label)
 
 
-RULE = Param("rule", "spec", traced=False, check=lambda rule, params: targets.check_rule(rule), choices=targets.RULES,
-             help=f"the target rule T(q, p): one of {', '.join(targets.RULES)}")
-ALPHA = Param("alpha", 0.0, traced=True, bounds={rule: alpha_bounds(rule) for rule in targets.RULES},
-              bounds_by="rule",
+# `check`s read `targets.RULES` when called, so a rule registered later runs too; `choices` and `bounds` are the
+# registry as the command line reads it (specdec/cli/registry.json).
+RULE = Param("rule", "spec", traced=False, check=lambda rule, params: targets.check_rule(rule),
+             choices=tuple(targets.RULES), help=f"the target rule T(q, p): one of {', '.join(targets.RULES)}")
+ALPHA = Param("alpha", 0.0, traced=True, check=lambda alpha, params: targets.check_alpha(params["rule"], alpha),
+              bounds={rule: alpha_bounds(rule) for rule in targets.RULES}, bounds_by="rule",
               help="the deferral trade-off α: [0, 1) for probability-scale rules, [0, inf) nats for the *_log "
                    "rules and bild")
 GAMMA = Param("gamma", 5, traced=False, check=lambda gamma, params: checks.check_gamma(gamma),

@@ -42,13 +42,14 @@ from flax import struct
 from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec import spectr as spectr_lib
+from specdec import targets
 from specdec import tree as tree_lib
 from specdec import verify
 from specdec.decoding import common
 from specdec.decoding.drafters import BeamSearch, Draft, Drafter, ModelDrafter, Verified, as_drafter
 from specdec.decoding.methods import GAMMA, Method, Param, count_bounds, register
 from specdec.decoding.speculative import PairState, commit
-from specdec.models.base import Model, scores_trees
+from specdec.models.base import Model
 
 Array = jax.Array
 
@@ -157,7 +158,7 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
   if rule not in SELECTION_RULES:
     raise ValueError(f"multi-draft selection rule must be one of {SELECTION_RULES}; got {rule!r}")
   drafter = as_drafter(drafter)
-  if not scores_trees(verifier):
+  if not verifier.scores_trees:
     raise ValueError(f"method {rule!r} needs a verifier that scores token trees and keeps one path "
                      f"(`copy_slots`, models.base); {type(verifier).__name__} has none")
   if not drafter.keeps_copies:
@@ -193,7 +194,7 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
     chosen = Draft(tokens=drafts.tokens[rows, draft_index], q=chosen_q, q_raw=chosen_q,
                    n_drafted=jnp.full((batch,), num_drafts * gamma, jnp.int32), calls=drafts.calls,
                    state=drafts_of.keep(drafts.state, draft_index, start, gamma + 1))
-    deferred = jnp.any(jnp.abs(chosen_p - chosen_q) > 1e-6, axis=-1)               # π = p ≠ q
+    deferred = targets.moves_mass(chosen_p, chosen_q)                               # π = p ≠ q
     scored = common.covering_width(needed, widths, tree.tokens.shape[1])
     new_state, emission = commit(state, key, drafts_of, chosen, verifier_cache, n_accepted, next_token,
                                  deferred, failed, done, scored, hidden=path_hidden)

@@ -25,7 +25,7 @@ from specdec.decoding import common
 from specdec.decoding.drafters import Draft, Drafter, ModelDrafter, Verified
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.decoding.methods import ALPHA, GAMMA, RULE, Bounds, Method, Param, alpha_bounds, count_bounds, register
-from specdec.models.base import Cache, Model, is_encoder_decoder, prefill, rollback
+from specdec.models.base import Cache, Model, prefill, rollback
 
 Array = jax.Array
 
@@ -43,7 +43,7 @@ class PairState:
             cache_length: int) -> "PairState":
     drafter_state, last = drafter.start(prompts, prompt_lengths, cache_length)
     empty = verifier.init_cache(prompts.shape[0], cache_length)
-    if drafter.reads_verifier and is_encoder_decoder(verifier):
+    if drafter.reads_verifier and verifier.encoder_decoder:
       # The prompt is the encoder's: the decoder has read nothing, so there are no hidden states yet, and
       # the pending token is the verifier's decoder start token.
       last, verifier_cache = prefill(verifier, empty, prompts, prompt_lengths)
@@ -91,10 +91,6 @@ def commit(state: PairState, key: Array, drafter: Drafter, drafted: Draft, verif
                                     deferred=deferred)
 
 
-# Targets whose bonus-position π does not read q there: SpecDecode's π = p, the lossy rules' bonus from p.
-_BONUS_FROM_P = ("spec", "lossy", "lossy_tuned")
-
-
 def _deferring_last_call(drafter: Drafter, needs_bonus_q: bool) -> Drafter:
   """A model or feature drafter that saves the call on its last draft (`bonus_q`) where q is not needed at
   the bonus position; any other drafter as it is (a cascade or Max-Gram emits q there at no call)."""
@@ -116,11 +112,12 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
                 eos_id: int | None, cache_length: int) -> common.Output:
   """SpecDecode / SpecCascade: GenSpecSample (Alg. 4) with π_j = T(q_j, p_j) of `rule` at each position.
 
-  The bonus position γ uses π_γ = T(q_γ, p_γ) too, except for the lossy rules, whose bonus is drawn
-  from p as in Tran-Thien (docs/design.md). `deferred` counts emitted positions where a deferral rule's
-  δ_j = 1, or, for any other rule, π_j ≠ q_j.
+  The bonus position γ uses π_γ = T(q_γ, p_γ) too, except for rules whose bonus is drawn from p (the lossy
+  rules, as in Tran-Thien; docs/design.md). `deferred` counts emitted positions where a deferral rule's
+  δ_j = 1, or, for any other rule, π_j ≠ q_j (`targets.Rule.deferred`).
   """
-  drafter = _deferring_last_call(drafter, needs_bonus_q=rule not in _BONUS_FROM_P)
+  target = targets.get_rule(rule)
+  drafter = _deferring_last_call(drafter, needs_bonus_q=target.needs_bonus_q)
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, key_draft, key_verify = rng.split(state.key, 3)
@@ -140,16 +137,12 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
       logits, verifier_cache = verifier.score(state.verifier_cache, verify_in)
       width, hidden = gamma + 1, None
     p_raw, p = sampling.distributions(logits)
-    pi = targets.target_distribution(rule, q=drafted.q, p=p, q_raw=drafted.q_raw, p_raw=p_raw, alpha=alpha)
-    if rule.startswith("lossy"):   # the bonus token (after the row's last draft) from p
-      pi = jnp.where((jnp.arange(gamma + 1) >= drafted.n_drafted[:, None])[..., None], p, pi)
+    pi = target.distribution(q=drafted.q, p=p, q_raw=drafted.q_raw, p_raw=p_raw, alpha=alpha)
+    pi = target.with_bonus(pi, p, (jnp.arange(gamma + 1) >= drafted.n_drafted[:, None])[..., None])
     n_accepted, next_token = verify.verify_block(key_verify, drafted.tokens, drafted.q[:, :gamma], pi,
                                                  drafted.n_drafted)
     drafted = _complete(drafter, drafted, n_accepted, done, sampling)
-    if rule in targets.CASCADE_RULES:  # δ itself: at T = 0 a deferral to an agreeing p leaves π = q
-      deferred = targets.deferral(rule, q_raw=drafted.q_raw, p_raw=p_raw, q=drafted.q, p=p, alpha=alpha)
-    else:  # the verifier moved mass: π ≠ q beyond float noise (lossy_tuned's β* is a bisection)
-      deferred = jnp.any(jnp.abs(pi - drafted.q) > 1e-6, axis=-1)
+    deferred = target.deferred(q=drafted.q, p=p, q_raw=drafted.q_raw, p_raw=p_raw, pi=pi, alpha=alpha)
     # NaN logits can vanish from π (a comparison with NaN is False: token rules then give π = q), so
     # the loop checks the logits, not only verify_block's flag.
     failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafted.q)
@@ -233,7 +226,7 @@ register(Method(
     summary="γ drafts, one verifier call scoring γ+1 positions, Alg. 4 with π = T(q, p) of `rule` (spec: "
             "SpecDecode; lossy, lossy_tuned: SpecDecode [Lossy]; bild: BiLD*; cascade and token rules: "
             "SpecCascade). Greedy lossy (Leviathan) is token_v3 at temperature 0",
-    params=(RULE, dataclasses.replace(ALPHA, used=lambda p: p["rule"] != "spec"), GAMMA)))
+    params=(RULE, dataclasses.replace(ALPHA, used=lambda p: targets.get_rule(p["rule"]).uses_alpha), GAMMA)))
 register(Method(
     "bild", decode=bild, cache_overhang=block_overhang,
     summary="the original BiLD: the drafter drafts while max q ≥ 1 − fallback_alpha, at most γ tokens; "

@@ -35,14 +35,18 @@ Record = dict[str, Any]
 
 # Where each method's series sit in tables and legends (Table 2's row order: SpecDecode / SpecCascade rows
 # first, the cascade and token rules after the BiLD variants), from its parameters. A method not listed
-# here comes last.
-_SPECULATIVE_ORDER = {rule: i for i, rule in enumerate(("spec", "lossy", "lossy_tuned", "bild"))}
+# here comes last. Speculative rules sit in their registration order (the papers' tables), the rules up to
+# BiLD* before the BiLD method and the rest after it.
+def _speculative_row(rule: str) -> float:
+  index, bild = list(targets.RULES).index(rule), list(targets.RULES).index("bild")
+  return 2 + 0.1 * index if index <= bild else 4 + 0.1 * index
+
+
 SERIES_ORDER: dict[str, Callable[[Mapping[str, Any]], float]] = {
     "autoregressive": lambda p: -1,
     "seq_cascade": lambda p: 0,
-    "token_cascade": lambda p: 1 + 0.1 * (p["rule"] == "chow_log"),
-    "speculative": lambda p: (2 + 0.1 * _SPECULATIVE_ORDER[p["rule"]] if p["rule"] in _SPECULATIVE_ORDER
-                              else 4 + 0.1 * targets.RULES.index(p["rule"])),
+    "token_cascade": lambda p: 1 + 0.01 * list(targets.RULES).index(p["rule"]),
+    "speculative": lambda p: _speculative_row(p["rule"]),
     "cs_drafting": lambda p: 2.05,
     "specdec_pp": lambda p: 2.07,
     "spectr": lambda p: 2.08,
@@ -247,7 +251,7 @@ def multi_draft_markdown(records: Sequence[Record]) -> str:
   sections = []
   for group in group_records(records):
     members = [r for rs in group.series.values() for r in rs if r["point"]["method"] in names
-               and r["point"]["rule"] in (None, "spec")]
+               and (r["point"]["rule"] is None or targets.get_rule(r["point"]["rule"]).lossless)]
     if not any(r["point"]["method"] in multi_draft_methods() for r in members):
       continue
     spec = {r["point"]["gamma"]: r for r in members if r["point"]["method"] == "speculative"}

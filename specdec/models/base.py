@@ -21,8 +21,10 @@ tree_mask=)`) and then keep one path of it: they also need
 (row b's entries at target_slots[b] become row source_rows[b]'s entries at source_slots[b]; lengths stay).
 
 The prompt is the decoder's prefix by default: `prefill` scores it into the cache. An encoder-decoder
-(`t5.T5`) reads its prompt as the encoder input instead: it supplies its own `prefill` (encode, pending
-decoder start token, lengths 0) and a `prompt_cache_positions` (1: its decoder cache never holds the prompt).
+(`t5.T5`) reads its prompt as the encoder input instead: it declares `encoder_decoder = True` and supplies its
+own `prefill` (encode, pending decoder start token, lengths 0) and `prompt_cache_positions` (1: its decoder
+cache never holds the prompt). Capabilities are declared fields of `Model` (`encoder_decoder`,
+`scores_trees`), never guessed from which methods a model happens to have.
 """
 
 from __future__ import annotations
@@ -127,7 +129,13 @@ class Configured:
 
 class DecoderOnly(Configured):
   """A decoder-only model whose cache is `empty_cache`'s (its config names num_layers, cache_heads, head_dim,
-  max_len, dtype): `init_cache` and `copy_slots` are the module's functions."""
+  max_len, dtype): `init_cache` and `copy_slots` are the module's functions; it scores token trees."""
+
+  encoder_decoder = False
+  scores_trees = True
+
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    return prompt_width
 
   def init_cache(self, batch_size: int, cache_length: int) -> Cache:
     cfg = self.config
@@ -144,7 +152,15 @@ def rollback(cache: Cache, lengths: Array) -> Cache:
 
 
 class Model(Protocol):
-  """What a decode loop needs from a drafter or a verifier (decoder-only or encoder-decoder)."""
+  """What a decode loop needs from a drafter or a verifier (decoder-only or encoder-decoder).
+
+  Declared capabilities: `encoder_decoder`, the prompt is an encoder input (the model has its own
+  `prefill(cache, prompts, prompt_lengths) -> (pending token [B], cache)`); `scores_trees`, `score` takes
+  `positions=` and `tree_mask=` and the model has `copy_slots` (multi-draft methods).
+  """
+
+  encoder_decoder: bool
+  scores_trees: bool
 
   @property
   def vocab_size(self) -> int: ...
@@ -167,6 +183,11 @@ class Model(Protocol):
     """Appends tokens [B, n] at each row's length; returns their next-token logits [B, n, V]."""
     ...
 
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    """Cache positions that prompts padded to `prompt_width` take: the width for a decoder-only model, 1
+    for an encoder-decoder (its decoder cache holds only the start token)."""
+    ...
+
 
 def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array, *, return_hidden: bool = False
             ) -> tuple[Array, Cache] | tuple[Array, Cache, Array]:
@@ -178,7 +199,7 @@ def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array, *
   own `prefill` (an encoder-decoder) does it its way. With `return_hidden` also the last hidden states
   after each prompt token [B, L, E] (a feature drafter reads them; decoder-only models).
   """
-  if is_encoder_decoder(model):
+  if model.encoder_decoder:
     if return_hidden:
       raise ValueError(f"{type(model).__name__} reads its prompt as an encoder input: it has no hidden states "
                        "after the prompt's tokens for a feature drafter")
@@ -188,19 +209,3 @@ def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array, *
   last = prompts[rows, prompt_lengths - 1].astype(jnp.int32)
   cache = rollback(scored[1], prompt_lengths - 1)
   return (last, cache, scored[2]) if return_hidden else (last, cache)
-
-
-def is_encoder_decoder(model: Model) -> bool:
-  """Whether the model reads its prompt as an encoder input (it has its own `prefill`)."""
-  return hasattr(model, "prefill")
-
-
-def scores_trees(model: Model) -> bool:
-  """Whether the model can keep one path of a scored token tree (`copy_slots`; multi-draft methods)."""
-  return hasattr(model, "copy_slots")
-
-
-def prompt_cache_positions(model: Model, prompt_width: int) -> int:
-  """Cache positions that prompts padded to `prompt_width` take: the width, or the model's own
-  `prompt_cache_positions` (an encoder-decoder's prompt is its encoder input)."""
-  return getattr(model, "prompt_cache_positions", prompt_width)

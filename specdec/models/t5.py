@@ -348,9 +348,11 @@ class T5(base.Configured):
   params: Any
   config: T5Config = struct.field(pytree_node=False)
 
-  @property
-  def prompt_cache_positions(self) -> int:
-    """Decoder cache positions a prompt takes (`base.prompt_cache_positions`): only the start token."""
+  encoder_decoder = True
+  scores_trees = True
+
+  def prompt_cache_positions(self, prompt_width: int) -> int:
+    """Decoder cache positions a prompt takes: only the start token (the prompt is the encoder's input)."""
     return 1
 
   def logits(self, decoder_tokens: Array, *, encoder_tokens: Array, encoder_lengths: Array | None = None

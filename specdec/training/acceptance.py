@@ -76,7 +76,7 @@ def label_rows(drafter: Any, verifier: Any, split: tasks.Tokenized, *, key: Arra
                sampling: sampling_lib.Sampling, batch_size: int = 32) -> LabelledRows:
   """Candidates and exact acceptance labels for every response token of `split` (prompts + the verifier's
   responses), in batches of rows of similar length cut to their longest (rounded up to 32)."""
-  if not hasattr(drafter, "logits") or hasattr(drafter, "prefill"):
+  if not hasattr(drafter, "logits") or drafter.encoder_decoder:
     raise ValueError("acceptance heads are trained for decoder-only drafters (TransformerLM)")
   sampling = sampling.checked()
   n, width = split.tokens.shape

@@ -279,3 +279,33 @@ def test_unknown_rule_and_bad_beta_raise():
 def test_nats_rules_accept_large_alpha():
   pi = _target("bild", _pair(14), 7.5)  # BiLD's threshold range is [0, 10] (App. F.1)
   assert np.isfinite(np.asarray(pi)).all()
+
+
+def test_rule_records_say_what_the_loops_need():
+  """The properties the decode loops read instead of rule names (`targets.Rule`)."""
+  assert targets.sequential_rules() == ("chow", "chow_log")
+  assert set(targets.CASCADE_RULES) == {"bild", "chow", "chow_log", "diff", "diff_log", "opt", "opt_log"}
+  no_bonus_q = {name for name, rule in targets.RULES.items() if not rule.needs_bonus_q}
+  assert no_bonus_q == {"spec", "lossy", "lossy_tuned"}
+  assert [name for name, rule in targets.RULES.items() if rule.lossless] == ["spec"]
+  assert {name for name, rule in targets.RULES.items() if rule.alpha_unit == "nats"} == {
+      "chow_log", "diff_log", "opt_log", "bild"}
+  with pytest.raises(ValueError, match="already registered"):
+    targets.register_rule(targets.RULES["spec"])
+  with pytest.raises(ValueError, match="bonus is 'target' or 'p'"):
+    targets.Rule("bad", targets.RULES["spec"].target, reads=frozenset({"p"}), summary="", bonus="q")
+  with pytest.raises(ValueError, match="subsets of q, p, q_raw, p_raw"):
+    targets.Rule("bad", targets.RULES["spec"].target, reads=frozenset({"logits"}), summary="")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_moves_mass_is_relative_to_the_dtype(dtype):
+  """π ≠ q counts a move of small mass (1e-4 of a 1e-3 probability, which 1e-6 absolute would hide in
+  float32) and not a few ulps of rounding of either dtype."""
+  q = jnp.asarray([[1e-3, 0.25, 0.749]], dtype)
+  eps = float(jnp.finfo(dtype).eps)
+  rounded = q * jnp.asarray([1.0 + eps, 1.0 - eps, 1.0], dtype)
+  assert not bool(targets.moves_mass(rounded, q)[0])
+  small_move = q + jnp.asarray([[1e-3 * 0.1, -1e-3 * 0.1, 0.0]], dtype)
+  assert bool(targets.moves_mass(small_move, q)[0])
+  assert bool(targets.moves_mass(jnp.asarray([[0.0, 0.25, 0.75]], dtype), q)[0])

@@ -369,10 +369,15 @@ class _NaNAfter:
   """A model whose logits turn NaN from a given position on: generation must stop and raise, not hang."""
   inner: PositionalTrigram
   position: int = struct.field(pytree_node=False)
+  encoder_decoder = False
+  scores_trees = False
 
   @property
   def vocab_size(self):
     return self.inner.vocab_size
+
+  def prompt_cache_positions(self, prompt_width):
+    return prompt_width
 
   @property
   def max_length(self):

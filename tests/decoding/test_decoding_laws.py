@@ -47,7 +47,7 @@ def _exact_law(pair, prompt, method, rule, alpha, temperature, top_p, gamma):
   else:
     pi = targets.target_distribution(rule, q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
     law = verify.verification_law(q, pi) if method == "speculative" else pi
-    if method == "speculative" and rule.startswith("lossy"):
+    if method == "speculative" and targets.get_rule(rule).bonus == "p":
       assert gamma >= N_NEW, "lossy's bonus token is drawn from p: keep it out of the compared window"
   step = np.take_along_axis(np.asarray(law), seqs[:, :, None], -1)[..., 0]
   probs = step.prod(1)
@@ -133,3 +133,23 @@ def test_lossy_bonus_token_is_drawn_from_p(rule):
                           alpha=0.4, gamma=1, max_new_tokens=2, eos_id=None)
   codes = np.asarray(out.tokens) @ np.array([V, 1])
   assert_law(codes, probs / probs.sum(), what=rule)
+
+
+@pytest.fixture
+def mixture_rule():
+  """A target rule registered from a test, touching nothing in decoding/: π = (1 − α)·p + α·q, its bonus π."""
+  rule = targets.register_rule(targets.Rule(
+      "test_mixture", lambda *, q, p, q_raw, p_raw, alpha, beta: (1.0 - alpha) * p + alpha * q,
+      reads=frozenset({"q", "p"}), summary="(1 − α)·p + α·q"))
+  yield rule.name
+  del targets.RULES[rule.name]
+
+
+def test_a_registered_rule_runs_exactly_in_every_loop_that_takes_rules(mixture_rule):
+  """docs/extending.md, "A target rule": a `Rule` registered in core is run by speculative (γ = 2: its bonus
+  position, inside the window, reads q) and oracle_cascade, law exact, α checked against its range."""
+  _check_law("toy", "speculative", mixture_rule, 0.4, 2, 1.0, 0.7)
+  _check_law("toy", "oracle_cascade", mixture_rule, 0.4, 1, 0.5, 1.0)
+  with pytest.raises(ValueError, match=r"alpha \(rule 'test_mixture'\)"):
+    decoding.generate(jax.random.PRNGKey(0), *PAIRS["toy"], PROMPTS, LENGTHS, method="speculative",
+                      rule=mixture_rule, alpha=1.0, gamma=2, max_new_tokens=2)

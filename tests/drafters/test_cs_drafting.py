@@ -188,3 +188,21 @@ def test_a_three_level_vertical_cascade_keeps_the_verifiers_greedy_output():
   got = decoding.generate(jax.random.PRNGKey(0), cascade, verifier, prompts, lengths, method="speculative",
                           gamma=4, **kw)
   np.testing.assert_array_equal(got.tokens, want.tokens)
+
+
+def test_a_cascade_of_t5_stages_sizes_decoder_caches_without_the_prompt():
+  """A T5 decoder cache holds only the start token of the prompt (the prompt is the encoder's input), in
+  the verifier and in every stage of a vertical cascade over T5 models: the run needs 1 + max_new_tokens +
+  the overhangs, whatever the encoder input's width (48 here, beyond the decoders' 32 positions), and
+  greedy speculative decoding with it equals the verifier's greedy decoding."""
+  verifier, upper, lower = (models.build("t5_tiny", vocab_size=16, seed=seed, max_length=32) for seed in (0, 1, 2))
+  cascade = decoding.VerticalCascade(upper, decoding.ModelDrafter(lower), lower_gamma=2)
+  method, params, n_new = decoding.METHODS["speculative"], dict(rule="spec", alpha=0.0, gamma=3), 6
+  needed = decoding.required_cache_length(method, params, verifier, cascade, prompt_width=48, max_new_tokens=n_new)
+  assert needed == 1 + n_new + method.cache_overhang(params) + cascade.cache_overhang
+  prompts = jax.random.randint(jax.random.PRNGKey(3), (2, 48), 2, 16)
+  out = decoding.generate(jax.random.PRNGKey(0), cascade, verifier, prompts, method="speculative", gamma=3,
+                          temperature=0.0, max_new_tokens=n_new, eos_id=None)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, method="autoregressive",
+                           temperature=0.0, max_new_tokens=n_new, eos_id=None)
+  np.testing.assert_array_equal(out.tokens, want.tokens)

@@ -85,3 +85,31 @@ def test_no_test_module_imports_another_test_module_or_a_conftest():
       if parts[0] == "tests" and any(part.startswith("test_") or part == "conftest" for part in parts[1:]):
         problems.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {target}")
   assert not problems, "\n".join(problems)
+
+
+def test_no_target_rule_name_is_compared_outside_core():
+  """Target rules are records (`targets.Rule`): outside core no code compares a rule's name with a literal
+  (`rule == "spec"`, `rule in ("chow", …)`, `rule.startswith("lossy")`), so a new rule needs no change there."""
+  names = ("spec", "lossy", "lossy_tuned", "bild", "chow", "chow_log", "diff", "diff_log", "opt", "opt_log",
+           "token_v1", "token_v2", "token_v3")
+
+  def literals(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+      return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+      return [value for element in node.elts for value in literals(element)]
+    return []
+
+  problems = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    if path.relative_to(PACKAGE).parts[0] == "core":
+      continue
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      found = []
+      if isinstance(node, ast.Compare):
+        found = [s for operand in [node.left, *node.comparators] for s in literals(operand) if s in names]
+      elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith")):
+        found = [s for arg in node.args for s in literals(arg) if any(name.startswith(s) for name in names)]
+      problems += [f"{path.relative_to(REPO_ROOT)}:{node.lineno} compares {s!r}" for s in found]
+  assert not problems, "\n".join(problems)
