@@ -66,6 +66,44 @@ def visible_slots(lengths: Array, n: int, cache_length: int, tree_mask: Array | 
   return (offset < 0) | ((offset < n) & new)
 
 
+def key_positions(lengths: Array, positions: Array, cache_length: int) -> Array:
+  """Each cache slot's position id once new tokens at position ids positions [B, n] are written at slots
+  lengths[b] + j: a committed slot's id is its index, a new token's the caller's (a token tree gives
+  siblings one id); slots beyond the new tokens repeat the last. [B], [B, n] -> [B, C]."""
+  offset = jnp.arange(cache_length, dtype=jnp.int32)[None, :] - lengths[:, None]             # [B, C]
+  new = jnp.take_along_axis(positions, jnp.clip(offset, 0, positions.shape[1] - 1), axis=1)
+  return jnp.where(offset < 0, jnp.arange(cache_length, dtype=jnp.int32)[None, :], new)
+
+
+def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None = None,
+           soft_cap: float | None = None) -> Array:
+  """Masked softmax attention of n queries over a head-major cache: query [B, n, H, D], keys and values
+  [B, K, C, D] with H = K·G (G query heads per key head, grouped as head k·G + g), visible [B, n, C]
+  (which keys each query sees), `bias` [B|1, H, n, C] added to the logits (T5's relative positions),
+  `soft_cap` c: logits → c·tanh(logits / c) (Gemma 2). Logits and softmax in float32, weights in the values'
+  dtype. Returns [B, n, H, D]. The query carries its own scale (models differ: 1/√D, a config scalar, or
+  none)."""
+  b, n, h, d = query.shape
+  k = keys.shape[1]
+  if k == h:
+    # The cache as the left operand: the product reads it in its stored layout.
+    scores = jnp.einsum("bhcd,bnhd->bhnc", keys, query).astype(jnp.float32)               # [B, H, n, C]
+  else:
+    grouped = query.reshape(b, n, k, h // k, d)
+    scores = jnp.einsum("bkcd,bnkgd->bkgnc", keys, grouped).astype(jnp.float32).reshape(b, h, n, -1)
+  if bias is not None:
+    scores = scores + bias
+  if soft_cap is not None:
+    scores = jnp.tanh(scores / soft_cap) * soft_cap
+  # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
+  scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+  if k == h:
+    return jnp.einsum("bhnc,bhcd->bnhd", weights, values)
+  grouped = jnp.einsum("bkgnc,bkcd->bnkgd", weights.reshape(b, k, h // k, n, -1), values)
+  return grouped.reshape(b, n, h, d)
+
+
 def write_slots(cache: Array, new: Array, slots: Array) -> Array:
   """cache [B, H, C, D] with row b's new entries new[b] [n, H, D] written at slots[b] [n] (dropped beyond C).
 
@@ -78,8 +116,8 @@ def write_slots(cache: Array, new: Array, slots: Array) -> Array:
 
 def empty_cache(batch_size: int, cache_length: int, *, max_length: int, num_layers: int, heads: int, head_dim: int,
                 dtype: Any) -> Cache:
-  """An empty decoder-only cache (lengths 0): keys and values, one [B, heads, cache_length, head_dim] array
-  per layer.
+  """An empty decoder cache (lengths 0): keys and values, one [B, heads, cache_length, head_dim] array per
+  layer (an encoder-decoder adds its encoder's entries).
 
   One array per layer, so a layer's attention reads and updates its own buffer (a stacked [layers, …]
   array is sliced per layer, a copy on XLA:CPU). Head-major, so attention reads each head's keys
@@ -106,13 +144,14 @@ def new_entries(cache: Cache, tokens: Array, positions: Array | None, tree_mask:
 
 def copy_slots(cache: Cache, source_rows: Array, source_slots: Array, target_slots: Array) -> Cache:
   """Row b's entries at target_slots[b] [B, n] become row source_rows[b]'s at source_slots[b] (all read
-  before any is written), in every head-major [B, H, C, D] array of the cache; lengths unchanged. What a
-  model's `copy_slots` does (multi-draft loops keep one path of a scored token tree)."""
+  before any is written), in the per-slot keys and values of an `empty_cache` layout (an encoder-decoder's
+  per-row encoder entries stay); lengths unchanged. What a model's `copy_slots` does (multi-draft loops
+  keep one path of a scored token tree)."""
   rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
   # x[rows, :, slots] is [B, n, H, D].
-  kv = jax.tree.map(lambda x: x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop"),
-                    cache.kv)
-  return cache.replace(kv=kv)
+  copied = {name: [x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop")
+                   for x in cache.kv[name]] for name in ("keys", "values")}
+  return cache.replace(kv={**cache.kv, **copied})
 
 
 class Configured:

@@ -158,7 +158,7 @@ class Attention(nn.Module):
     cache). With cached = (keys, values [B, K, C, H], slots [B, n]) the new keys/values are written at slots
     first. Returns out [B, n, E] and the keys, values [B, K, C, H]."""
     cfg = self.config
-    heads, groups = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+    heads = cfg.num_kv_heads
     query = Einsum((cfg.num_heads, cfg.embed_dim, cfg.head_dim), cfg.dtype, name="q_einsum")("bne,Neh->bnNh", x)
     key, value = Einsum((2, heads, cfg.embed_dim, cfg.head_dim), cfg.dtype, name="kv_einsum")("bne,ckeh->cbnkh", x)
     query = rope(query, positions, cfg.rope_theta) * jnp.asarray(cfg.query_pre_attn_scalar ** -0.5, cfg.dtype)
@@ -168,14 +168,7 @@ class Attention(nn.Module):
     else:
       keys, values, slots = cached
       keys, values = base.write_slots(keys, key, slots), base.write_slots(values, value, slots)
-    b, n = x.shape[:2]
-    query = query.reshape(b, n, heads, groups, cfg.head_dim)                         # head k·G + g
-    scores = jnp.einsum("bkch,bnkgh->bkgnc", keys, query).astype(jnp.float32)       # [B, K, G, n, C]
-    scores = soft_cap(scores, cfg.attn_logit_softcap)
-    # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
-    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    out = jnp.einsum("bkgnc,bkch->bnkgh", weights, values).reshape(b, n, cfg.num_heads, cfg.head_dim)
+    out = base.attend(query, keys, values, visible, soft_cap=cfg.attn_logit_softcap)      # head k·G + g
     out = Einsum((cfg.num_heads, cfg.head_dim, cfg.embed_dim), cfg.dtype, name="attn_vec_einsum")("bnNh,Nhe->bne", out)
     return out, keys, values
 
@@ -285,10 +278,7 @@ class Gemma2(base.DecoderOnly):
     `positions` [B, n], default the slots; with `return_hidden` also the last hidden states [B, n, E])."""
     n, cache_length = tokens.shape[1], cache.kv["keys"][0].shape[2]
     slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
-    # A committed key's position is its slot; a new token's is the caller's position id.
-    offset = jnp.arange(cache_length, dtype=jnp.int32)[None, :] - cache.lengths[:, None]     # [B, C]
-    new = jnp.take_along_axis(positions, jnp.clip(offset, 0, n - 1), axis=1)
-    key_positions = jnp.where(offset < 0, jnp.arange(cache_length, dtype=jnp.int32)[None, :], new)
+    key_positions = base.key_positions(cache.lengths, positions, cache_length)
     logits, (keys, values), hidden = self._apply(tokens, positions, visible, key_positions,
                                                  (cache.kv["keys"], cache.kv["values"], slots))
     cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)

@@ -175,16 +175,8 @@ class Attention(nn.Module):
 
   def __call__(self, x: Array, keys: Array, values: Array, bias: Array | None, visible: Array) -> Array:
     """Queries from x [B, n, E] attend to keys, values [B, H, K, D] with logit bias [B|1, H, n, K] (or None)
-    where visible [B, 1, n|1, K]; returns [B, n, E]."""
-    query = self._heads(self.query(x))
-    # The keys as the left operand: the product reads a cache in its stored layout.
-    scores = jnp.einsum("bhkd,bqhd->bhqk", keys, query).astype(jnp.float32)
-    if bias is not None:
-      scores = scores + bias
-    # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
-    scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    out = jnp.einsum("bhqk,bhkd->bqhd", weights, values)
+    where visible [B, n|1, K] (`base.attend`); returns [B, n, E]."""
+    out = base.attend(self._heads(self.query(x)), keys, values, visible, bias=bias)
     return self.out(out.reshape(*out.shape[:-2], -1))
 
 
@@ -205,7 +197,7 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, bias: Array, visible: Array) -> Array:
-    """x [B, L, E]; bias [1, H, L, L]; visible [B, 1, 1, L] (the unpadded inputs)."""
+    """x [B, L, E]; bias [1, H, L, L]; visible [B, 1, L] (the unpadded inputs)."""
     cfg = self.config
     attention = Attention(cfg, name="attention")
     h = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
@@ -225,7 +217,7 @@ class Encoder(nn.Module):
     bias = RelativePositionBias(cfg, bidirectional=True, name="relpos_bias")(
         (positions[None, :] - positions[:, None])[None])
     for layer in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f"layers_{layer}")(x, bias, mask[:, None, None, :])
+      x = EncoderLayer(cfg, name=f"layers_{layer}")(x, bias, mask[:, None, :])
     return LayerNorm(cfg.dtype, name="encoder_norm")(x)
 
 
@@ -248,9 +240,9 @@ class DecoderLayer(nn.Module):
 
   def __call__(self, y: Array, bias: Array, visible: Array, cached: tuple[Array, Array, Array] | None,
                cross: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
-    """y [B, n, E]; bias [B, H, n, K] and visible [B, 1, n, K]: the self-attention's keys (K = n without a
+    """y [B, n, E]; bias [B, H, n, K] and visible [B, n, K]: the self-attention's keys (K = n without a
     cache, C with one); cached: this layer's keys, values [B, H, C, D] and the new tokens' slots [B, n], or
-    None; cross: the encoder's keys, values [B, H, L, D] and visible [B, 1, 1, L]. Returns y and the
+    None; cross: the encoder's keys, values [B, H, L, D] and visible [B, 1, L]. Returns y and the
     self-attention's keys, values (the updated cache, or the new tokens' own [B, H, n, D])."""
     h = self.pre_self_attention_layer_norm(y)
     keys, values = self.self_attention.keys_values(h)                      # [B, n, H, D]
@@ -296,8 +288,7 @@ class Decoder(nn.Module):
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
       cached = None if cache is None else (cache[0][i], cache[1][i], cache[2])
-      y, keys, values = layer(y, bias, mask[:, None], cached,
-                              (cross_keys[i], cross_values[i], encoder_mask[:, None, None, :]))
+      y, keys, values = layer(y, bias, mask, cached, (cross_keys[i], cross_values[i], encoder_mask[:, None, :]))
       new_keys.append(keys)
       new_values.append(values)
     hidden = self.decoder_norm(y)
@@ -370,14 +361,12 @@ class T5(base.Configured):
   def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
     """An empty decoder cache (lengths 0) of `cache_length` positions; `prefill` adds the encoder's part."""
     cfg = self.config
-    if not 1 <= cache_length <= cfg.max_len:
-      raise ValueError(f"cache_length must lie in [1, max_length={cfg.max_len}]; got {cache_length}")
-    def per_layer(length: int) -> list[Array]:
-      return [jnp.zeros((batch_size, cfg.num_heads, length, cfg.head_dim), cfg.dtype)
-              for _ in range(cfg.num_decoder_layers)]
-    kv = {"keys": per_layer(cache_length), "values": per_layer(cache_length), "cross_keys": per_layer(0),
-          "cross_values": per_layer(0), "encoder_mask": jnp.zeros((batch_size, 0), bool)}
-    return base.Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
+    cache = base.empty_cache(batch_size, cache_length, max_length=cfg.max_len, num_layers=cfg.num_decoder_layers,
+                             heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype)
+    def empty() -> list[Array]:   # `prefill` writes the encoder's entries
+      return [jnp.zeros((batch_size, cfg.num_heads, 0, cfg.head_dim), cfg.dtype) for _ in range(cfg.num_decoder_layers)]
+    return cache.replace(kv={**cache.kv, "cross_keys": empty(), "cross_values": empty(),
+                             "encoder_mask": jnp.zeros((batch_size, 0), bool)})
 
   def prefill(self, cache: base.Cache, prompts: Array, prompt_lengths: Array) -> tuple[Array, base.Cache]:
     """Encodes prompts [B, L] (row b: prompts[b, :prompt_lengths[b]]) into an empty cache.
@@ -406,21 +395,13 @@ class T5(base.Configured):
     have been prefilled (it holds the encoder input). With `return_hidden` also returns the decoder's last
     hidden states [B, n, E].
     """
-    b, n = tokens.shape
     kv = cache.kv
-    cache_length = kv["keys"][0].shape[2]
-    if n > cache_length:
-      raise ValueError(f"cannot score {n} tokens with a cache of length {cache_length}")
-    slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)          # [B, n]
-    positions = slots if positions is None else positions
-    # Each slot's position id: its index, or the position of the new token written there.
-    key_positions = jnp.broadcast_to(jnp.arange(cache_length, dtype=jnp.int32), (b, cache_length)).at[
-        jnp.arange(b)[:, None], slots].set(positions, mode="drop")
+    slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
+    key_positions = base.key_positions(cache.lengths, positions, kv["keys"][0].shape[2])
     logits, (keys, values), hidden = T5Network(self.config).apply(
-        {"params": self.params}, tokens, positions, key_positions,
-        base.visible_slots(cache.lengths, n, cache_length, tree_mask), (kv["keys"], kv["values"], slots),
+        {"params": self.params}, tokens, positions, key_positions, visible, (kv["keys"], kv["values"], slots),
         (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]), method=T5Network.decode)
-    cache = base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + n)
+    cache = base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + tokens.shape[1])
     logits = partitioning.gather_vocab(logits)
     return (logits, cache, hidden) if return_hidden else (logits, cache)
 
@@ -446,12 +427,9 @@ class T5(base.Configured):
 
   def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array
                  ) -> base.Cache:
-    """As `TransformerLM.copy_slots`, on the decoder's self-attention keys/values (the encoder's part is
-    per row, not per slot: multi-draft loops copy only between rows of one prompt)."""
-    rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
-    kv = {**cache.kv, **{name: [x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop")
-                                for x in cache.kv[name]] for name in ("keys", "values")}}
-    return cache.replace(kv=kv)
+    """`base.copy_slots` on the decoder's self-attention keys/values (the encoder's part is per row, not per
+    slot: multi-draft loops copy only between rows of one prompt)."""
+    return base.copy_slots(cache, source_rows, source_slots, target_slots)
 
 
 def _encoder_mask(encoder_tokens: Array, encoder_lengths: Array | None) -> Array:

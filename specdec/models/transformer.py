@@ -99,12 +99,7 @@ class SelfAttention(nn.Module):
     else:
       keys, values, slots = cached
       keys, values = base.write_slots(keys, key, slots), base.write_slots(values, value, slots)
-    # The cache as the left operand: the product reads it in its stored layout.
-    scores = jnp.einsum("bhkd,bqhd->bhqk", keys, query)                        # [B, H, n, C]
-    # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
-    scores = jnp.where(mask[:, None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    out = jnp.einsum("bhqk,bhkd->bqhd", weights, values)
+    out = base.attend(query, keys, values, mask)
     out = nn.DenseGeneral(features=cfg.emb_dim, axis=(-2, -1), use_bias=False, kernel_init=_KERNEL_INIT,
                           dtype=cfg.dtype, name="out")(out)
     return (out, None, None) if cached is None else (out, keys, values)
