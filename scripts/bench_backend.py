@@ -64,8 +64,8 @@ def _machine() -> dict:
 
 def score_costs(pairs: dict, repeats: int) -> list[dict]:
   """ms of one `score` call of n tokens after a PREFIX-token prefix, per model and batch size."""
-  score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens)[0])
-  prefill = jax.jit(lambda model, cache, tokens: model.score(cache, tokens)[1])
+  score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens).logits)
+  prefill = jax.jit(lambda model, cache, tokens: model.score(cache, tokens).cache)
   rows = []
   for name, model in pairs.items():
     for batch in (1, 8):

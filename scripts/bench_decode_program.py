@@ -70,8 +70,8 @@ def _measure(models_dir: str, repeats: int) -> dict:
     rng = np.random.default_rng(0)
     prompts = jnp.asarray(rng.integers(3, verifier.vocab_size, size=(batch, prompt_width)), jnp.int32)
     cache = verifier.init_cache(batch, prompt_width + NEW_TOKENS + GAMMA + 1)
-    _, cache = verifier.score(cache, prompts)
-    score = jax.jit(lambda m, c, t: m.score(c, t)[0])
+    cache = verifier.score(cache, prompts).cache
+    score = jax.jit(lambda m, c, t: m.score(c, t).logits)
     figures = {
         "verify_call_ms": 1e3 * median_seconds(score, verifier, cache, jnp.ones((batch, GAMMA + 1), jnp.int32),
                                                repeats=repeats),

@@ -57,8 +57,8 @@ from specdec.training import acceptance, export_name, exports, load_model
 
 def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
   cache = model.init_cache(1, prefix + n + 1)
-  _, cache = model.score(cache, jnp.ones((1, prefix), jnp.int32))
-  score = jax.jit(lambda m, c, t: m.score(c, t)[0])
+  cache = model.score(cache, jnp.ones((1, prefix), jnp.int32)).cache
+  score = jax.jit(lambda m, c, t: m.score(c, t).logits)
   tokens = jnp.ones((1, n), jnp.int32)
   return median_seconds(lambda: score(model, cache, tokens), repeats=repeats)
 

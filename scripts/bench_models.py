@@ -38,7 +38,7 @@ def _cpu_name() -> str:
 
 # Only the logits are returned: in a decode loop the cache update is an in-place scatter of n entries,
 # but here the cache is not donated, so returning it would time a copy of the whole cache as well.
-_score_logits = jax.jit(lambda model, cache, tokens: model.score(cache, tokens)[0])
+_score_logits = jax.jit(lambda model, cache, tokens: model.score(cache, tokens).logits)
 
 
 def _score_seconds(model, context: int, n_values: tuple[int, ...], repeats: int) -> dict[int, float]:

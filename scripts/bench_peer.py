@@ -64,7 +64,7 @@ MODES = ("hf_autoregressive", "specdec_autoregressive", "hf_assisted", "specdec_
 _prefill = jax.jit(base.prefill)
 _score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
 # Only the logits: returning the (not donated) cache would time a copy of it.
-_score_logits = jax.jit(lambda model, cache, tokens: model.score(cache, tokens)[0])
+_score_logits = jax.jit(lambda model, cache, tokens: model.score(cache, tokens).logits)
 
 
 def _with_head(model: t5.T5, head: str, mix: float) -> t5.T5:
@@ -145,7 +145,7 @@ def _call_costs(verifier: t5.T5, drafter: t5.T5, prompts: np.ndarray, lengths: n
     empty = model.init_cache(len(lengths), context + gamma + 1)
     costs[f"{name} prefill"] = median_seconds(_prefill, model, empty, prompts, lengths, repeats=repeats)
     _, cache = _prefill(model, empty, prompts, lengths)
-    _, cache = _score(model, cache, jnp.ones((len(lengths), context), jnp.int32))
+    cache = _score(model, cache, jnp.ones((len(lengths), context), jnp.int32)).cache
     for n in ((1, gamma + 1) if name == "verifier" else (1,)):
       costs[f"{name} {n}"] = median_seconds(_score_logits, model, cache, jnp.ones((len(lengths), n), jnp.int32),
                                             repeats=repeats)

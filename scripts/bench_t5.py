@@ -33,7 +33,7 @@ GAMMAS = (1, 3, 5, 7)
 
 # Only the logits are returned: in a decode loop the cache update is an in-place scatter of n entries,
 # but here the cache is not donated, so returning it would time a copy of the whole cache as well.
-_score_logits = jax.jit(lambda model, cache, tokens: model.score(cache, tokens)[0])
+_score_logits = jax.jit(lambda model, cache, tokens: model.score(cache, tokens).logits)
 _prefill = jax.jit(base.prefill)
 _score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
 
@@ -46,7 +46,7 @@ def _timings(model, input_length: int, context: int, repeats: int) -> dict[str, 
   decoder = jnp.asarray(rng.integers(2, model.vocab_size, size=(1, context + max(GAMMAS) + 1)), jnp.int32)
   empty = model.init_cache(1, context + max(GAMMAS) + 1)
   _, cache = _prefill(model, empty, prompt, lengths)
-  _, cache = _score(model, cache, decoder[:, :context])
+  cache = _score(model, cache, decoder[:, :context]).cache
   times = {"prefill": median_seconds(_prefill, model, empty, prompt, lengths, repeats=repeats)}
   for n in (1,) + tuple(g + 1 for g in GAMMAS):
     times[n] = median_seconds(_score_logits, model, cache, decoder[:, context:context + n], repeats=repeats)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec.models.base import Cache
+from specdec.models.base import Cache, Scored
 
 
 @struct.dataclass
@@ -60,7 +60,7 @@ class PositionalTrigram:
     previous = jnp.where(jnp.any(is_parent, axis=-1), parent_token, before[:, None])
     logits = self.table[jnp.minimum(positions, self.max_length - 1), previous, tokens]
     written = cache.kv.at[rows, slots].set(tokens, mode="drop")
-    return logits, Cache(kv=written, lengths=cache.lengths + n)
+    return Scored(logits=logits, cache=Cache(kv=written, lengths=cache.lengths + n), hidden=None)
 
   def copy_slots(self, cache, source_rows, source_slots, target_slots):
     rows = jnp.arange(cache.lengths.shape[0])[:, None]

@@ -39,7 +39,7 @@ def main() -> None:
     return model.init_cache(1, 256).replace(lengths=jnp.array([128], jnp.int32))
 
   def score(model, cache, tokens):
-    return model.score(cache, tokens)[0]
+    return model.score(cache, tokens).logits
 
   variants = {  # name: (function, its model argument, cache)
       "shipped (parameters as arguments)": (score, verifier, cache_of(verifier)),

@@ -37,7 +37,8 @@ def autoregressive(key: Array, model: Model, prompts: Array, prompt_lengths: Arr
 
   def step(state: _State, done: Array) -> tuple[_State, common.Emission]:
     key, step_key = rng.split(state.key)
-    logits, cache = model.score(state.cache, state.last[:, None])
+    scored = model.score(state.cache, state.last[:, None])
+    logits, cache = scored.logits, scored.cache
     token = sampling_lib.sample(step_key, sampling.transform(logits[:, 0]))
     failed = common.has_nan(logits)
     log_confidence = state.log_confidence

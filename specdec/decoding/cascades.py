@@ -47,8 +47,9 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, step_key = rng.split(state.key)
-    q_logits, drafter_cache = drafter.score(state.drafter_state, state.last[:, None])
-    p_logits, verifier_cache = verifier.score(state.verifier_cache, state.last[:, None])
+    drafted, verified = (drafter.score(state.drafter_state, state.last[:, None]),
+                         verifier.score(state.verifier_cache, state.last[:, None]))
+    q_logits, drafter_cache, p_logits, verifier_cache = drafted.logits, drafted.cache, verified.logits, verified.cache
     q_raw, q = sampling.distributions(q_logits[:, 0])
     p_raw, p = sampling.distributions(p_logits[:, 0])
     pi = target.distribution(q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
@@ -84,7 +85,8 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
   def step(state: _CascadeState, done: Array) -> tuple[_CascadeState, common.Emission]:
     key, key_q, key_p = rng.split(state.key, 3)
     live = ~done
-    q_logits, drafter_cache = drafter.score(state.drafter_state, state.last[:, None])
+    drafted = drafter.score(state.drafter_state, state.last[:, None])
+    q_logits, drafter_cache = drafted.logits, drafted.cache
     q_raw, q = sampling.distributions(q_logits[:, 0])
     defers = targets.deferral(rule, q_raw=q_raw, alpha=alpha) | (state.run == MAX_DRAFTER_RUN)
     defers &= live
@@ -94,11 +96,10 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
       tokens = jnp.concatenate([state.pending, jnp.zeros((batch, 1), jnp.int32)], axis=1)
       tokens = tokens.at[rows, state.n_pending].set(state.last)
       needed = jnp.where(defers, state.n_pending + 1, 1)
-      p_logits, cache, width = common.score_prefix(verifier, state.verifier_cache, tokens, needed,
-                                                   _CATCH_UP_WIDTHS)
+      scored, width = common.score_prefix(verifier, state.verifier_cache, tokens, needed, _CATCH_UP_WIDTHS)
       synced = state.n_pending + 1 <= width
       lengths = state.verifier_cache.lengths + jnp.where(synced, state.n_pending + 1, 0)
-      return p_logits[rows, state.n_pending], rollback(cache, lengths), synced
+      return scored.logits[rows, state.n_pending], rollback(scored.cache, lengths), synced
 
     def wait(state: _CascadeState):
       return jnp.zeros_like(q_logits[:, 0]), state.verifier_cache, jnp.zeros((batch,), bool)

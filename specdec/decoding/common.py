@@ -179,9 +179,9 @@ def has_nan(x: Array) -> Array:
 def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tuple[int, ...], *,
                  positions: Array | None = None, tree_mask: Array | None = None, return_hidden: bool = False):
   """Scores tokens[:, :w] [B, w] for the smallest static w in `widths` (and tokens.shape[1]) that covers
-  every row's `needed` [B] count; returns (logits padded to [B, n, V], cache, w), and with `return_hidden`
-  the last hidden states padded to [B, n, E] after them. A token tree (`positions` [B, n], `tree_mask`
-  [B, n, n]) is cut to its first w nodes the same way.
+  every row's `needed` [B] count; returns (`Scored` with logits padded to [B, n, V] and, with
+  `return_hidden`, the last hidden states padded to [B, n, E], else None; w). A token tree (`positions`
+  [B, n], `tree_mask` [B, n, n]) is cut to its first w nodes the same way.
 
   A call's cost grows with its width on the CPU (experiments/model_costs/README.md), so there loops that
   score a variable number of tokens per call pick the width at run time with `lax.switch` instead of
@@ -193,10 +193,10 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   def branch(width):
     def score(cache):
       tree = {} if positions is None else dict(positions=positions[:, :width], tree_mask=tree_mask[:, :width, :width])
-      scored = model.score(cache, tokens[:, :width], **tree, **({"return_hidden": True} if return_hidden else {}))
+      scored = model.score(cache, tokens[:, :width], **tree)
       pad = ((0, 0), (0, full - width), (0, 0))
-      out = (jnp.pad(scored[0], pad), scored[1], jnp.int32(width))
-      return out + (jnp.pad(scored[2], pad),) if return_hidden else out
+      hidden = jnp.pad(scored.hidden, pad) if return_hidden else None
+      return scored.replace(logits=jnp.pad(scored.logits, pad), hidden=hidden), jnp.int32(width)
     return score
 
   if len(sizes) == 1:

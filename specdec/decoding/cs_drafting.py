@@ -126,7 +126,8 @@ class VerticalCascade(Drafter):
       key, key_lower, key_review = rng.split(c.key, 3)
       active = c.n < width
       lower = self.lower.propose(key_lower, c.lower, c.token, max_drafts=k, sampling=sampling)
-      logits, upper = self.upper.score(c.upper, jnp.concatenate([c.token[:, None], lower.tokens], axis=1))
+      scored = self.upper.score(c.upper, jnp.concatenate([c.token[:, None], lower.tokens], axis=1))
+      logits, upper = scored.logits, scored.cache
       p_raw, p = sampling.distributions(logits)
       pi = targets.lenient_target(lower.q[:, :k], p[:, :k], q_raw=lower.q_raw[:, :k], p_raw=p_raw[:, :k],
                                   lenience=self.lenience, greedy=greedy)

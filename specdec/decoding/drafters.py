@@ -258,7 +258,7 @@ class ModelDrafter(Drafter):
   def observe(self, state: Cache, tokens: Array, counts: Array) -> Cache:
     """One call scoring tokens [B, W] (skipped when no row has any), kept up to counts [B]."""
     def score(cache: Cache) -> Cache:
-      return rollback(self.model.score(cache, tokens)[1], cache.lengths + counts)
+      return rollback(self.model.score(cache, tokens).cache, cache.lengths + counts)
     return jax.lax.cond(jnp.any(counts > 0), score, lambda cache: cache, state)
 
   def propose(self, key: Array, state: Cache, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
@@ -279,11 +279,10 @@ class ModelDrafter(Drafter):
 
     def body(c: _DraftCarry) -> _DraftCarry:
       all_accepted = c.all_accepted
-      if self.head is None:
-        logits, cache = self.model.score(c.cache, c.token[:, None])
-      else:   # the call scores the block's latest draft (from step 1 on): the head judges it
-        logits, cache, hidden = self.model.score(c.cache, c.token[:, None], return_hidden=True)
-        all_accepted *= jnp.where(c.step > 0, self.head.probability(hidden[:, 0]), 1.0)
+      scored = self.model.score(c.cache, c.token[:, None])
+      logits, cache = scored.logits, scored.cache
+      if self.head is not None:   # the call scores the block's latest draft (from step 1 on): the head judges it
+        all_accepted *= jnp.where(c.step > 0, self.head.probability(scored.hidden[:, 0]), 1.0)
       q_raw_j, q_j = sampling.distributions(logits[:, 0])
       keep = c.drafting[:, None]
       q = c.q.at[:, c.step].set(jnp.where(keep, q_j, c.q[:, c.step]))
@@ -328,12 +327,12 @@ class ModelDrafter(Drafter):
     rows = rows & draft.pending
 
     def score(draft: Draft) -> Draft:
-      logits, cache = self.model.score(draft.state, draft.tokens[:, -1:])
-      q_raw, q = sampling.distributions(logits[:, 0])
+      scored = self.model.score(draft.state, draft.tokens[:, -1:])
+      q_raw, q = sampling.distributions(scored.logits[:, 0])
       put = rows[:, None]
       return draft.replace(q=draft.q.at[:, -1].set(jnp.where(put, q, draft.q[:, -1])),
                            q_raw=draft.q_raw.at[:, -1].set(jnp.where(put, q_raw, draft.q_raw[:, -1])),
-                           calls=draft.calls + rows, state=cache)
+                           calls=draft.calls + rows, state=scored.cache)
 
     return jax.lax.cond(jnp.any(rows), score, lambda draft: draft, draft).replace(pending=None)
 

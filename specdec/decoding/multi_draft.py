@@ -177,9 +177,10 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
     start = state.verifier_cache.lengths
     tree = tree_lib.build_tree(drafts.tokens, state.last, start)
     needed = jnp.where(done, 1, tree.n_nodes)
-    logits, verifier_cache, _, *hidden = common.score_prefix(
-        verifier, state.verifier_cache, tree.tokens, needed, widths, positions=tree.positions,
-        tree_mask=tree.attention_mask, return_hidden=drafts_of.reads_verifier)
+    scored, _ = common.score_prefix(verifier, state.verifier_cache, tree.tokens, needed, widths,
+                                    positions=tree.positions, tree_mask=tree.attention_mask,
+                                    return_hidden=drafts_of.reads_verifier)
+    logits = scored.logits
     _, p = sampling.distributions(tree_lib.gather_nodes(logits, tree))            # [B, K, γ+1, V]
     n_accepted, draft_index, next_token = _select(rule, key_select, drafts, p, sampling.temperature)
     failed = (n_accepted < 0) | common.has_nan(logits) | common.has_nan(drafts.q)
@@ -187,17 +188,17 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
     # The chosen path's tree entries move to consecutive slots; the drafter's copies take the chosen one.
     path = tree.node_of[rows, draft_index]                                         # [B, γ+1]
     # A drafter reading the verifier gets its hidden states along the kept path (the verified block).
-    path_hidden = hidden[0][rows[:, None], path] if hidden else None
-    verifier_cache = verifier.copy_slots(verifier_cache, rows, start[:, None] + path,
+    path_hidden = None if scored.hidden is None else scored.hidden[rows[:, None], path]
+    verifier_cache = verifier.copy_slots(scored.cache, rows, start[:, None] + path,
                                          start[:, None] + jnp.arange(gamma + 1))
     chosen_q, chosen_p = drafts.q[rows, draft_index], p[rows, draft_index]
     chosen = Draft(tokens=drafts.tokens[rows, draft_index], q=chosen_q, q_raw=chosen_q,
                    n_drafted=jnp.full((batch,), num_drafts * gamma, jnp.int32), calls=drafts.calls,
                    state=drafts_of.keep(drafts.state, draft_index, start, gamma + 1))
     deferred = targets.moves_mass(chosen_p, chosen_q)                               # π = p ≠ q
-    scored = common.covering_width(needed, widths, tree.tokens.shape[1])
+    width = common.covering_width(needed, widths, tree.tokens.shape[1])
     new_state, emission = commit(state, key, drafts_of, chosen, verifier_cache, n_accepted, next_token,
-                                 deferred, failed, done, scored, hidden=path_hidden)
+                                 deferred, failed, done, width, hidden=path_hidden)
     # `drafted` counts all K·γ draft tokens; a block is rejected when the kept path is shorter than γ.
     rejected = (jnp.maximum(n_accepted, 0) < gamma).astype(jnp.int32)
     return new_state, emission.replace(counters={**emission.counters, "rejected": rejected})

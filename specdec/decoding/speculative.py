@@ -127,15 +127,13 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
       # Rows draft 0 … γ tokens: score only what the longest row needs (at batch 1, exactly its block).
       widths = tuple(range(1, gamma + 1))
       needed = jnp.where(done, 1, drafted.n_drafted + 1)
-      logits, verifier_cache, _, *hidden = common.score_prefix(
-          verifier, state.verifier_cache, verify_in, needed, widths, return_hidden=drafter.reads_verifier)
-      width, hidden = common.covering_width(needed, widths, gamma + 1), (hidden or [None])[0]
-    elif drafter.reads_verifier:
-      logits, verifier_cache, hidden = verifier.score(state.verifier_cache, verify_in, return_hidden=True)
-      width = gamma + 1
+      scored, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths,
+                                      return_hidden=drafter.reads_verifier)
+      width = common.covering_width(needed, widths, gamma + 1)
     else:
-      logits, verifier_cache = verifier.score(state.verifier_cache, verify_in)
-      width, hidden = gamma + 1, None
+      scored, width = verifier.score(state.verifier_cache, verify_in), gamma + 1
+    logits, verifier_cache = scored.logits, scored.cache
+    hidden = scored.hidden if drafter.reads_verifier else None
     p_raw, p = sampling.distributions(logits)
     pi = target.distribution(q=drafted.q, p=p, q_raw=drafted.q_raw, p_raw=p_raw, alpha=alpha)
     pi = target.with_bonus(pi, p, (jnp.arange(gamma + 1) >= drafted.n_drafted[:, None])[..., None])
@@ -179,9 +177,9 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
     # The window is as long as the drafter stayed confident: score only what the longest row needs.
     needed, widths = jnp.where(done, 1, drafted.n_drafted + 1), (1, (gamma + 2) // 2)
-    logits, verifier_cache, _, *hidden = common.score_prefix(
-        verifier, state.verifier_cache, verify_in, needed, widths, return_hidden=drafter.reads_verifier)
-    width = common.covering_width(needed, widths, gamma + 1)
+    scored, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths,
+                                    return_hidden=drafter.reads_verifier)
+    logits, width = scored.logits, common.covering_width(needed, widths, gamma + 1)
     p_raw, p = sampling.distributions(logits)
     index = jnp.arange(gamma)
     passes = (targets.bild_discrepancy(drafted.q[:, :gamma], p_raw[:, :gamma]) <= alpha) & (
@@ -192,8 +190,8 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     deferred = jnp.arange(gamma + 1) == n_accepted[:, None]
     failed = common.has_nan(jnp.where((jnp.arange(gamma + 1) <= drafted.n_drafted[:, None])[..., None],
                                       logits, 0.0)) | common.has_nan(drafted.q)
-    return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done,
-                  width, verify_in, (hidden or [None])[0])
+    return commit(state, key, drafter, drafted, scored.cache, n_accepted, next_token, deferred, failed, done,
+                  width, verify_in, scored.hidden)
 
   start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,

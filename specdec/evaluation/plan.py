@@ -317,7 +317,10 @@ def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_lengt
       lowered = jax.jit(lambda m, c, t, l: base.prefill(m, c, t, l)[:2], donate_argnums=1).lower(
           model, cache, tokens, lengths)
     else:
-      lowered = jax.jit(lambda m, c, t: m.score(c, t)[:2], donate_argnums=1).lower(model, cache, tokens)
+      def call(m, c, t):   # logits and cache: the hidden states are no output of a decode call
+        scored = m.score(c, t)
+        return scored.logits, scored.cache
+      lowered = jax.jit(call, donate_argnums=1).lower(model, cache, tokens)
   return lowered
 
 

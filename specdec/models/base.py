@@ -5,12 +5,12 @@ baked-in constants) and everything else is static. The cached path keeps one KV 
 per-row length:
 
   cache = model.init_cache(batch_size, cache_length)
-  logits, cache = model.score(cache, tokens)     # [B, n] new tokens at positions lengths[b] + i
+  scored = model.score(cache, tokens)            # [B, n] new tokens at positions lengths[b] + i
   cache = rollback(cache, lengths)               # a length reset; stale entries are masked, never copied
 
 `score` writes the n tokens' keys/values at positions lengths[b] … lengths[b]+n−1 of each row, attends
-causally to everything before them in that row, returns the next-token logits after each of them
-[B, n, V], and advances lengths by n. n = 1 is a decode step, n = γ+1 a verification. Entries at
+causally to everything before them in that row, and returns a `Scored` record: the next-token logits after
+each of them [B, n, V], the cache with lengths advanced by n, and the last hidden states [B, n, E]. n = 1 is a decode step, n = γ+1 a verification. Entries at
 positions ≥ lengths are never read before being overwritten, which is why a rollback is free.
 
 Multi-draft methods (`decoding.multi_draft`) score a token tree in one call (`score(…, positions=,
@@ -36,6 +36,14 @@ import jax.numpy as jnp
 from flax import struct
 
 Array = jax.Array
+
+
+@struct.dataclass
+class Scored:
+  """What `Model.score` returns. Inside a jitted program an unused field costs nothing."""
+  logits: Array           # [B, n, V] the next-token logits after each scored token
+  cache: "Cache"          # lengths advanced by n
+  hidden: Array | None    # [B, n, E] the last hidden states (after the final norm); None for a model without
 
 
 @struct.dataclass
@@ -218,8 +226,9 @@ class Model(Protocol):
     """An empty cache (lengths 0) holding up to `cache_length` positions per row."""
     ...
 
-  def score(self, cache: Cache, tokens: Array) -> tuple[Array, Cache]:
-    """Appends tokens [B, n] at each row's length; returns their next-token logits [B, n, V]."""
+  def score(self, cache: Cache, tokens: Array) -> Scored:
+    """Appends tokens [B, n] at each row's length; returns their next-token logits [B, n, V], the advanced
+    cache and the last hidden states (`Scored`)."""
     ...
 
   def prompt_cache_positions(self, prompt_width: int) -> int:
@@ -243,8 +252,8 @@ def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array, *
       raise ValueError(f"{type(model).__name__} reads its prompt as an encoder input: it has no hidden states "
                        "after the prompt's tokens for a feature drafter")
     return model.prefill(cache, prompts, prompt_lengths)
-  scored = model.score(cache, prompts, return_hidden=True) if return_hidden else model.score(cache, prompts)
+  scored = model.score(cache, prompts)
   rows = jnp.arange(prompts.shape[0])
   last = prompts[rows, prompt_lengths - 1].astype(jnp.int32)
-  cache = rollback(scored[1], prompt_lengths - 1)
-  return (last, cache, scored[2]) if return_hidden else (last, cache)
+  cache = rollback(scored.cache, prompt_lengths - 1)
+  return (last, cache, scored.hidden) if return_hidden else (last, cache)

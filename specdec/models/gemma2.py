@@ -271,11 +271,9 @@ class Gemma2(base.DecoderOnly):
     return (logits, hidden) if return_hidden else logits
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
-            tree_mask: Array | None = None, return_hidden: bool = False
-            ) -> tuple[Array, base.Cache] | tuple[Array, base.Cache, Array]:
-    """Scores tokens [B, n] after each row's cache; returns logits [B, n, V] and the advanced cache
-    (`transformer.TransformerLM.score`: slots lengths[b] + i, `tree_mask` [B, n, n], position ids
-    `positions` [B, n], default the slots; with `return_hidden` also the last hidden states [B, n, E])."""
+            tree_mask: Array | None = None) -> base.Scored:
+    """Scores tokens [B, n] after each row's cache: `base.Scored` (`transformer.TransformerLM.score`: slots
+    lengths[b] + i, `tree_mask` [B, n, n], position ids `positions` [B, n], default the slots)."""
     n, cache_length = tokens.shape[1], cache.kv["keys"][0].shape[2]
     slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
     key_positions = base.key_positions(cache.lengths, positions, cache_length)
@@ -283,7 +281,7 @@ class Gemma2(base.DecoderOnly):
                                                  (cache.kv["keys"], cache.kv["values"], slots))
     cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
     logits = partitioning.gather_vocab(logits)
-    return (logits, cache, hidden) if return_hidden else (logits, cache)
+    return base.Scored(logits=logits, cache=cache, hidden=hidden)
 
 
 def init(config: Gemma2Config, key: Array) -> Gemma2:

@@ -385,15 +385,14 @@ class T5(base.Configured):
             base.Cache(kv=kv, lengths=jnp.zeros((batch,), jnp.int32)))
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
-            tree_mask: Array | None = None, return_hidden: bool = False
-            ) -> tuple[Array, base.Cache] | tuple[Array, base.Cache, Array]:
-    """Scores decoder tokens [B, n] after each row's cache; returns logits [B, n, V] and the advanced cache.
+            tree_mask: Array | None = None) -> base.Scored:
+    """Scores decoder tokens [B, n] after each row's cache: `base.Scored` (logits [B, n, V], the advanced
+    cache, the decoder's last hidden states [B, n, E]).
 
     As `TransformerLM.score`: token i of row b is written at slot lengths[b] + i and sees the row's
     slots < lengths[b] plus the new tokens j with tree_mask[b, i, j] (default causal); positions [B, n]
     (default lengths[b] + i) set the relative position biases; lengths advance by n. The cache must
-    have been prefilled (it holds the encoder input). With `return_hidden` also returns the decoder's last
-    hidden states [B, n, E].
+    have been prefilled (it holds the encoder input).
     """
     kv = cache.kv
     slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
@@ -403,7 +402,7 @@ class T5(base.Configured):
         (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]), method=T5Network.decode)
     cache = base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + tokens.shape[1])
     logits = partitioning.gather_vocab(logits)
-    return (logits, cache, hidden) if return_hidden else (logits, cache)
+    return base.Scored(logits=logits, cache=cache, hidden=hidden)
 
   # What a feature drafter (`models.feature_head`) reads through: the decoder's input embedding (shared
   # with the encoder) and its untied output layer, shared with the drafter, never copied.

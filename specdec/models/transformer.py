@@ -180,23 +180,22 @@ class TransformerLM(base.DecoderOnly):
     return (logits, hidden) if return_hidden else logits
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
-            tree_mask: Array | None = None, return_hidden: bool = False
-            ) -> tuple[Array, base.Cache] | tuple[Array, base.Cache, Array]:
-    """Scores tokens [B, n] after each row's cache; returns logits [B, n, V] and the advanced cache.
+            tree_mask: Array | None = None) -> base.Scored:
+    """Scores tokens [B, n] after each row's cache: `base.Scored` (logits [B, n, V], the advanced cache, the
+    last hidden states [B, n, E], which SpecDec++'s acceptance head and a feature drafter read).
 
     Token i of row b is written at slot lengths[b] + i and sees the row's slots < lengths[b] plus the
     new tokens j with tree_mask[b, i, j] (default causal: j ≤ i; a tree mask must include i itself).
     positions [B, n] are the position ids (default lengths[b] + i; a token tree gives siblings the
     same id). lengths advance by n. The caller keeps lengths + n ≤ cache_length: slots beyond are
-    dropped (no token sees them, in this call or later). With `return_hidden` also returns the last
-    hidden states [B, n, E] (SpecDec++'s acceptance head reads them).
+    dropped (no token sees them, in this call or later).
     """
     slots, positions, mask = base.new_entries(cache, tokens, positions, tree_mask)
     logits, (keys, values), hidden = Transformer(self.config).apply(
         {"params": self.params}, tokens, positions, mask, (cache.kv["keys"], cache.kv["values"], slots))
     cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + tokens.shape[1])
     logits = partitioning.gather_vocab(logits)
-    return (logits, cache, hidden) if return_hidden else (logits, cache)
+    return base.Scored(logits=logits, cache=cache, hidden=hidden)
 
 
   # What a feature drafter (`models.feature_head`) reads through: the verifier's own input embedding and

@@ -390,9 +390,9 @@ class _NaNAfter:
     return self.inner.init_cache(batch_size, cache_length)
 
   def score(self, cache, tokens):
-    logits, new_cache = self.inner.score(cache, tokens)
+    scored = self.inner.score(cache, tokens)
     positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
-    return jnp.where((positions >= self.position)[..., None], jnp.nan, logits), new_cache
+    return scored.replace(logits=jnp.where((positions >= self.position)[..., None], jnp.nan, scored.logits))
 
 
 @pytest.mark.parametrize("method, rule", [("speculative", "spec"), ("speculative", "token_v3"),

@@ -65,7 +65,8 @@ def test_the_first_draft_of_every_block_reads_the_verifiers_real_features():
     # predicted feature moves q by far more.
     np.testing.assert_allclose(draft.q_raw[:, 0], _teacher_forced_q(drafter, sequence), atol=1e-4)
     block = jnp.concatenate([last[:, None], draft.tokens], axis=1)
-    _, cache, hidden = verifier.score(cache, block, return_hidden=True)
+    scored = verifier.score(cache, block)
+    cache, hidden = scored.cache, scored.hidden
     next_token = jnp.asarray([(n_accepted * 5 + 2) % 16], jnp.int32)
     committed = cache.lengths - 4 + n_accepted + 1
     cache = models.base.rollback(cache, committed)
@@ -199,7 +200,7 @@ def test_every_copy_of_k_drafts_reads_the_kept_paths_real_features():
   assert not np.all(np.asarray(drafts.tokens[:, 0]) == np.asarray(drafts.tokens[:, 1]))   # copies drafted apart
   kept, n_accepted = jnp.asarray([2, 1]), jnp.asarray([2, 0])
   path = jnp.concatenate([last[:, None], drafts.tokens[jnp.arange(2), kept]], axis=1)   # [B, γ + 1]
-  _, _, path_hidden = verifier.score(cache, path, return_hidden=True)
+  path_hidden = verifier.score(cache, path).hidden
   next_token = jnp.asarray([6, 11], jnp.int32)
   count = n_accepted + 1
   block = Verified(tokens=path, count=count, next_token=next_token, lengths=lengths - 1 + count, hidden=path_hidden)
@@ -225,7 +226,8 @@ def test_the_verifiers_accessors_give_its_own_logits_and_inputs(preset):
   tokens = jnp.asarray(rng.integers(0, 32, (2, 7)), jnp.int32)
   last, cache = prefill(verifier, verifier.init_cache(2, 16), jnp.asarray(rng.integers(0, 32, (2, 4)), jnp.int32),
                         jnp.asarray([4, 2], jnp.int32))
-  logits, _, hidden = verifier.score(cache, jnp.concatenate([last[:, None], tokens], 1), return_hidden=True)
+  scored = verifier.score(cache, jnp.concatenate([last[:, None], tokens], 1))
+  logits, hidden = scored.logits, scored.hidden
   np.testing.assert_allclose(verifier.output_logits(hidden), logits, atol=1e-4, rtol=1e-4)
   assert verifier.token_embeddings(tokens).shape == (2, 7, verifier.hidden_size)
   assert verifier.output_table().shape == (32, verifier.hidden_size)

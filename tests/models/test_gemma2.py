@@ -52,7 +52,8 @@ def test_load_hf_gives_transformers_logits_teacher_forced_and_through_the_cache(
   np.testing.assert_allclose(ours.logits(jnp.asarray(tokens, jnp.int32)), want, atol=tolerance(1e-4), rtol=0)
   cache, got = ours.init_cache(2, 24), []
   for start, end in ((0, 7), (7, 8), (8, 13), (13, 20)):               # a prefill, one step, two blocks
-    logits, cache = ours.score(cache, jnp.asarray(tokens[:, start:end], jnp.int32))
+    scored = ours.score(cache, jnp.asarray(tokens[:, start:end], jnp.int32))
+    logits, cache = scored.logits, scored.cache
     got.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=tolerance(1e-4), rtol=0)
   # host=True (the sweep on a mesh): the same parameters, left in host memory to be sharded from there

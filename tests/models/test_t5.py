@@ -24,9 +24,16 @@ from tests.backends import tolerance
 from tests.stats import assert_law
 from tests.t5_data import ENCODER_LENGTHS, assert_hf_logits_equal, t5_batch, teacher_forced
 
-_score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
-_score_tree = jax.jit(lambda model, cache, tokens, positions, tree_mask: model.score(
-    cache, tokens, positions=positions, tree_mask=tree_mask))
+
+
+@jax.jit
+def _score(model, cache, tokens, positions=None, tree_mask=None):
+  """`score`'s logits and cache."""
+  scored = model.score(cache, tokens, positions=positions, tree_mask=tree_mask)
+  return scored.logits, scored.cache
+
+
+_score_tree = _score
 _prefill = jax.jit(base.prefill)
 
 V = 32
@@ -95,7 +102,8 @@ def test_cached_scoring_of_ragged_rows_equals_teacher_forcing(model, n, steps):
 def test_score_returns_the_decoder_hidden_states_the_logits_are_read_from(model):
   encoder, decoder = t5_batch(1)
   _, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
-  logits, _, hidden = model.score(cache, decoder[:, :4], return_hidden=True)
+  scored = model.score(cache, decoder[:, :4])
+  logits, hidden = scored.logits, scored.hidden
   assert hidden.shape == (3, 4, model.config.emb_dim)
   kernel = np.asarray(model.params["decoder"]["logits_dense"]["kernel"])
   np.testing.assert_allclose(logits, np.asarray(hidden, np.float32) @ kernel, rtol=0, atol=tolerance(1e-5))

@@ -18,9 +18,16 @@ ROWS = np.arange(B)[:, None]
 ATOL = tolerance(1e-5)
 
 _logits = jax.jit(lambda model, tokens: model.logits(tokens))
-_score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
-_score_tree = jax.jit(lambda model, cache, tokens, positions, tree_mask: model.score(
-    cache, tokens, positions=positions, tree_mask=tree_mask))
+
+
+@jax.jit
+def _score(model, cache, tokens, positions=None, tree_mask=None):
+  """`score`'s logits and cache."""
+  scored = model.score(cache, tokens, positions=positions, tree_mask=tree_mask)
+  return scored.logits, scored.cache
+
+
+_score_tree = _score
 _prefill = jax.jit(base.prefill)
 
 
@@ -141,7 +148,8 @@ def test_greedy_decoding_inside_a_jitted_while_loop(model):
 
     def body(state):
       i, cache, token, out = state
-      logits, cache = model.score(cache, token[:, None])
+      scored = model.score(cache, token[:, None])
+      logits, cache = scored.logits, scored.cache
       token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
       return i + 1, cache, token, out.at[:, i].set(token)
 
@@ -161,7 +169,8 @@ def test_score_returns_the_hidden_states_the_logits_are_read_from(model):
   seqs, prompts, _ = _data(5)
   _, cache = _prefilled(model, prompts)
   tokens = seqs[ROWS, np.asarray(cache.lengths)[:, None] + np.arange(3)]
-  logits, _, hidden = model.score(cache, tokens, return_hidden=True)
+  scored = model.score(cache, tokens)
+  logits, hidden = scored.logits, scored.hidden
   assert hidden.shape == tokens.shape + (model.config.emb_dim,)
   # lm1b's output layer: logits = hidden · embeddingᵀ / √E.
   embedding = np.asarray(model.params["embed"]["embedding"])
