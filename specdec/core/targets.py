@@ -32,8 +32,9 @@ class Rule:
 
   `target(q=, p=, q_raw=, p_raw=, alpha=, beta=)` -> π [..., V] reads `reads` (q, p transformed; q_raw,
   p_raw untransformed, App. C.1); α ∈ [0, `alpha_hi`) (`alpha_unit` names its scale), unused where
-  `uses_alpha` is False; `lossless` where π = p (the output's law is the verifier's). `bonus`: the law at the bonus position after a row's last draft, 'target' (π
-  there too) or 'p' (drawn from p, as the lossy rules of Tran-Thien). `defers(q_raw=, p_raw=, q=, p=,
+  `uses_alpha` is False; `lossless` where π = p (the output's law is the verifier's). `bonus`: the law at
+  the bonus position after a row's last draft, 'target' (π there too) or 'p' (drawn from p, as the lossy
+  rules of Tran-Thien). `defers(q_raw=, p_raw=, q=, p=,
   alpha=)` -> δ [...] bool for a rule with π = (1 − δ)·q + δ·p (eq. 6), reading `defer_reads`; such a
   rule's reported deferral is δ itself, any other rule's is π ≠ q (`moves_mass`). Registered in `RULES`
   (`register_rule`), like `decoding.methods.Method`.
@@ -299,7 +300,7 @@ for _rule in (
     Rule("spec", lambda *, q, p, q_raw, p_raw, alpha, beta: p, reads=frozenset({"p"}), uses_alpha=False, lossless=True,
          summary="p (Alg. 1): lossless speculative decoding"),
     Rule("lossy", _lossy, reads=frozenset({"q", "p"}), bonus="p",
-         summary="max(min(q, p/(1−α)), p/β), β given (Table 1, Lemma 2; β = 1 by default, Σπ ≥ 1 in general)"),
+         summary="max(min(q, p/(1−α)), p/β), β given (Table 1, Lemma 2; β = 1 by default; Σπ ≥ 1)"),
     Rule("lossy_tuned", lambda *, q, p, q_raw, p_raw, alpha, beta: lossy_target(q, p, alpha, lossy_beta(q, p, alpha)),
          reads=frozenset({"q", "p"}), bonus="p", summary="lossy with β = β*(q, p, α) of App. F.6 (Σπ = 1)"),
     _deferral_rule("bild", lambda *, q_raw, p_raw, q, p, alpha: bild_discrepancy(q, p_raw) > alpha, {"p_raw", "q"},

@@ -99,9 +99,10 @@ def _sampling(sampling: Sampling | None, temperature, top_p, top_k, platform: st
 def required_cache_length(method: Method, params: dict[str, Any], verifier: Model, drafter: Model | Drafter | None,
                           prompt_width: int, max_new_tokens: int) -> int:
   """Cache positions a run needs: the padded prompt's (`prompt_cache_positions` of the verifier and the
-  drafter: the width, 1 for an encoder-decoder and a drafter built on one), the new tokens, the method's overhang (`Method.cache_overhang`: one step's writes
-  beyond them) and the drafter's (`Drafter.cache_overhang`: a cascade's review call). `params`: resolved;
-  `drafter`: as the method's decode function gets it (None, a model or a `Drafter`)."""
+  drafter: the width, 1 for an encoder-decoder and a drafter built on one), the new tokens, the method's
+  overhang (`Method.cache_overhang`: one step's writes beyond them) and the drafter's
+  (`Drafter.cache_overhang`: a cascade's review call). `params`: resolved; `drafter`: as the method's decode
+  function gets it (None, a model or a `Drafter`)."""
   # A drafter that reads the verifier (a feature drafter) holds the verifier's positions.
   reads_verifier = isinstance(drafter, Drafter) and drafter.reads_verifier
   networks = [verifier] + ([] if drafter is None or reads_verifier else [drafter])

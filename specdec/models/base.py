@@ -10,8 +10,9 @@ per-row length:
 
 `score` writes the n tokens' keys/values at positions lengths[b] … lengths[b]+n−1 of each row, attends
 causally to everything before them in that row, and returns a `Scored` record: the next-token logits after
-each of them [B, n, V], the cache with lengths advanced by n, and the last hidden states [B, n, E]. n = 1 is a decode step, n = γ+1 a verification. Entries at
-positions ≥ lengths are never read before being overwritten, which is why a rollback is free.
+each of them [B, n, V], the cache with lengths advanced by n, and the last hidden states [B, n, E]. n = 1 is
+a decode step, n = γ+1 a verification. Entries at positions ≥ lengths are never read before being
+overwritten, which is why a rollback is free.
 
 Multi-draft methods (`decoding.multi_draft`) score a token tree in one call (`score(…, positions=,
 tree_mask=)`) and then keep one path of it: they also need
