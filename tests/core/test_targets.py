@@ -300,12 +300,12 @@ def test_rule_records_say_what_the_loops_need():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_moves_mass_is_relative_to_the_dtype(dtype):
-  """π ≠ q counts a move of small mass (1e-4 of a 1e-3 probability, which 1e-6 absolute would hide in
-  float32) and not a few ulps of rounding of either dtype."""
-  q = jnp.asarray([[1e-3, 0.25, 0.749]], dtype)
+  """π ≠ q counts a move of small mass (1e-8 of a 1e-7 probability, which the old absolute 1e-6 hid) in both
+  dtypes, and not a few ulps of rounding of either dtype."""
+  q = jnp.asarray([[1e-7, 0.25, 0.75 - 1e-7]], dtype)
   eps = float(jnp.finfo(dtype).eps)
   rounded = q * jnp.asarray([1.0 + eps, 1.0 - eps, 1.0], dtype)
   assert not bool(targets.moves_mass(rounded, q)[0])
-  small_move = q + jnp.asarray([[1e-3 * 0.1, -1e-3 * 0.1, 0.0]], dtype)
-  assert bool(targets.moves_mass(small_move, q)[0])
+  small_move = q + jnp.asarray([[1e-8, -1e-8, 0.0]], dtype)
+  assert float(jnp.max(jnp.abs(small_move - q))) < 1e-6 and bool(targets.moves_mass(small_move, q)[0])
   assert bool(targets.moves_mass(jnp.asarray([[0.0, 0.25, 0.75]], dtype), q)[0])
