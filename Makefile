@@ -33,7 +33,7 @@ test-device:
 	env -u JAX_PLATFORMS SPECDEC_TEST_DEVICE=1 PYTHONPATH=. $(DEVICE_PYTHON) -m pytest -q tests/core \
 	  tests/decoding/test_decoding_laws.py tests/models
 
-# A short accelerator window (≤ 5 min on one GPU): the tests above, then bench_backend.py --quick, writing
+# A short accelerator window (≤ 5 min on one GPU): the tests above, then `specdec-bench backend --quick`, writing
 # experiments/backend_<backend>/. Without an accelerator it says so and fails. No install: lent machines
 # may have no package registry; it runs from this checkout with the Python that has JAX.
 device-check:
@@ -52,7 +52,7 @@ quickstart: $(if $(wildcard $(STAMP)),$(STAMP),$(QUICKSTART_STAMP))
 
 # Whatever backend JAX finds (CPU, GPU, TPU): experiments/backend_<backend>/results.{json,md}.
 bench: $(STAMP)
-	$(BIN)/python scripts/bench_backend.py
+	$(BIN)/python -m specdec.cli.bench backend
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -25,7 +25,7 @@ setup(
     python_requires=">=3.10",
     data_files=_shipped_files("data", "configs"),
     entry_points={"console_scripts": [
-        f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train", "plan")]},
+        f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train", "plan", "bench")]},
     # What the package imports, and all that `make quickstart` installs; the extras below are for the tests
     # and the seqio tasks only.
     install_requires=[

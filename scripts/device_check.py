@@ -1,4 +1,4 @@
-"""`make device-check`: the accelerator tests, then `bench_backend.py --quick`, in one short run.
+"""`make device-check`: the accelerator tests, then `specdec-bench backend --quick`, in one short run.
 
   python scripts/device_check.py [--tests-only | --bench-only]
 
@@ -64,7 +64,8 @@ def main() -> int:
     steps.append(("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *parallel,
                             *DEVICE_TESTS], test_env))
   if not args.tests_only:
-    steps.append(("bench", [sys.executable, "scripts/bench_backend.py", "--quick", "--cache_dir", CACHE], env))
+    steps.append(("bench", [sys.executable, "-m", "specdec.cli.bench", "backend", "--quick", "--cache_dir", CACHE],
+                  env))
   status = 0
   for name, command, step_env in steps:
     began = time.monotonic()

@@ -5,28 +5,24 @@ A search pass over K thresholds at once (mass and count per threshold in one var
 cheapest multi-threshold form here) and the number of candidates above the search's first bound (1 − P)/V
 give the floor of any pass-based exact search: ≥ log2(candidates) / log2(K + 1) such passes.
 
-Usage (repository root): python experiments/sampling_speed/primitives.py [--before a649a8b]
+Usage (repository root): python experiments/sampling_speed/primitives.py
+(The block's scratch memory at another revision: `specdec-bench --before a649a8b verify`, column temp_mib.)
 """
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-import sys
-import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
-import bench_verify  # noqa: E402  (load_revision)
-from specdec import sampling, targets, verify  # noqa: E402
-from specdec.core import _top_p  # noqa: E402
-from specdec.data import debian  # noqa: E402
-from specdec.data.vocab import load_vocabulary  # noqa: E402
-from specdec.evaluation.timing import median_seconds  # noqa: E402
-from specdec.training.checkpoint import load_model  # noqa: E402
+from specdec import sampling, targets, verify
+from specdec.cli.bench.verify import programs
+from specdec.core import _top_p
+from specdec.data import debian
+from specdec.data.vocab import load_vocabulary
+from specdec.evaluation.bench import median_seconds
+from specdec.training.checkpoint import load_model
 
 
 def thresholds_pass(probs: jax.Array, thresholds: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -38,9 +34,6 @@ def thresholds_pass(probs: jax.Array, thresholds: jax.Array) -> tuple[jax.Array,
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--before", default="a649a8b")
-  args = parser.parse_args()
   batch, gamma, vocab = 8, 8, 32_000
   logits = jax.random.normal(jax.random.PRNGKey(1), (batch * (gamma + 1), vocab)) * 3
   probs = jax.nn.softmax(logits)
@@ -97,29 +90,26 @@ def main() -> None:
           f"{np.median(sizes):.0f}, 90% {np.percentile(sizes, 90):.0f}, 99% {np.percentile(sizes, 99):.0f}, "
           f"max {sizes.max()} of 8192")
 
-  impls = {"now": types.SimpleNamespace(sampling=sampling, targets=targets, verify=verify),
-           args.before: bench_verify.load_revision(args.before)}
   key, drafts = jax.random.PRNGKey(0), jnp.zeros((batch, gamma), jnp.int32)
   lq = lp = logits.reshape(batch, gamma + 1, vocab)
 
   def scratch(fn, *a):
     return jax.jit(fn).lower(*a).compile().memory_analysis().temp_size_in_bytes / 1e6
 
-  for name, impl in impls.items():
-    block = bench_verify.programs(impl, gamma)["block top-P 1, one jit"][0]
+  block = programs(gamma)["block top-P 1, one jit"][0]
 
-    def two(lq, lp, t, p, impl=impl):
-      return impl.sampling.transform(lq, t, p), impl.sampling.transform(lp, t, p)
+  def two(lq, lp, t, p):
+    return sampling.transform(lq, t, p), sampling.transform(lp, t, p)
 
-    def rule_and_verify(key, drafts, q, p, alpha, impl=impl):
-      pi = impl.targets.target_distribution("token_v3", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha)
-      return impl.verify.verify_block(key, drafts, q[:, :gamma], pi)
+  def rule_and_verify(key, drafts, q, p, alpha):
+    pi = targets.target_distribution("token_v3", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha)
+    return verify.verify_block(key, drafts, q[:, :gamma], pi)
 
-    q, p = jax.jit(two)(lq, lp, 1.0, 1.0)
-    print(f"{name}: scratch memory of the block (B=8, gamma=8, V=32000): one jit "
-          f"{scratch(block, key, drafts, lq, lp, 1.0, 1.0, 0.3):.1f} MB; two jits "
-          f"{scratch(two, lq, lp, 1.0, 1.0):.1f} MB + "
-          f"{scratch(rule_and_verify, key, drafts, q, p, 0.3):.1f} MB")
+  q, p = jax.jit(two)(lq, lp, 1.0, 1.0)
+  print(f"scratch memory of the block (B=8, gamma=8, V=32000): one jit "
+        f"{scratch(block, key, drafts, lq, lp, 1.0, 1.0, 0.3):.1f} MB; two jits "
+        f"{scratch(two, lq, lp, 1.0, 1.0):.1f} MB + "
+        f"{scratch(rule_and_verify, key, drafts, q, p, 0.3):.1f} MB")
 
 if __name__ == "__main__":
   main()

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import platform
 
 import jax
 import jax.numpy as jnp
 
-from specdec.evaluation.timing import median_seconds
+from specdec.evaluation.bench import device, median_seconds
 from specdec.training import load_model
 
 WIDTHS = (1, 2, 4, 6, 8)
@@ -46,7 +44,7 @@ def main() -> None:
       "parameters as constants": (lambda _, cache, tokens: score(verifier, cache, tokens), None, cache_of(verifier)),
       "bfloat16 activations": (score, bf16, cache_of(bf16)),
   }
-  print(f"machine: {platform.machine()}, {os.cpu_count()} cores | jax {jax.__version__} | {args.verifier}, "
+  print(f"machine: {device()} | {args.verifier}, "
         f"batch 1, 128 cached positions, median of {args.repeats} calls")
   timings = {name: {n: median_seconds(jax.jit(fn), model, cache, jnp.ones((1, n), jnp.int32),
                                       repeats=args.repeats) for n in WIDTHS}

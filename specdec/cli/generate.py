@@ -359,7 +359,8 @@ def prompt_width(longest: int, task_budget: int | None, fits: Callable[[int], bo
   for width in ([task_budget] if task_budget else []) + [power]:
     if width >= longest and fits(width):
       return width
-  return -(-longest // MIN_PROMPT_WIDTH) * MIN_PROMPT_WIDTH
+  from specdec.data import tasks
+  return tasks.bucket_width(longest, MIN_PROMPT_WIDTH)
 
 
 def batch_rows(n_prompts: int, batch_size: int) -> list[np.ndarray]:
@@ -487,12 +488,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   bar = tqdm.tqdm(total=len(texts) - resumed, desc=method.name, unit="prompt", file=sys.stderr,
                   disable=len(batches) <= 1)
   n_tokens, decode_seconds, compile_seconds = 0, 0.0, 0.0
+  alone_tokens, alone_decode, alone_compile = 0, 0.0, 0.0
   for rows in batches:
     try:
       out, seconds, compiling = _decode(drafter, verifier, prompts[rows], lengths[rows], ids[rows],
                                         method=method.name, params=params, settings=settings)
     except FloatingPointError as e:   # NaN logits: the finished prompts are kept all the same
       raise FloatingPointError(f"{e} ({kept()})" if output is not None and output.kept() else str(e)) from None
+    if args.compare:   # the batch again by the verifier alone, right after (`bench.interleaved`'s protocol)
+      alone, alone_seconds, alone_compiling = _decode(None, verifier, prompts[rows], lengths[rows], ids[rows],
+                                                      method="autoregressive", params={}, settings=settings)
+      alone_tokens += int(np.sum(alone.lengths[:len(texts) - rows[0]]))
+      alone_decode += alone_seconds
+      alone_compile += alone_compiling
     finished = [{"prompt": texts[row], "text": vocab.decode(out.tokens[i, :out.lengths[i]].tolist()),
                  "tokens": out.tokens[i, :out.lengths[i]].tolist(), "new_tokens": int(out.lengths[i]),
                  "seconds": seconds, "batch": int(rows[0]),
@@ -512,8 +520,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     bar.set_postfix_str(f"{n_tokens / max(decode_seconds, 1e-9):.1f} tokens/s")
   bar.close()
   if output is not None:
-    done = (f"all {len(texts)} prompts are in {output.path}"
-            + ("; the --compare run was cut short" if args.compare else ""))
+    done = f"all {len(texts)} prompts are in {output.path}"
     cli.on_interrupt(lambda: f"{done} (or, if the rename was cut short, in {output.partial}; rerun to finish)")
     output.finish()
     cli.on_interrupt(lambda: done)
@@ -525,13 +532,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         f"{n_tokens / max(decode_seconds, 1e-9):.1f} tokens/s, {1000 * decode_seconds / max(n_tokens, 1):.1f} ms/token",
         flush=True)
   if args.compare:
-    alone_tokens, alone_decode, alone_compile = 0, 0.0, 0.0
-    for rows in batches:
-      out, seconds, compiling = _decode(None, verifier, prompts[rows], lengths[rows], ids[rows],
-                                        method="autoregressive", params={}, settings=settings)
-      alone_tokens += int(np.sum(out.lengths[:len(texts) - rows[0]]))
-      alone_decode += seconds
-      alone_compile += compiling
     print(f"verifier alone: {alone_tokens} new tokens; compile {alone_compile:.1f} s, decode {alone_decode:.2f} s: "
           f"{alone_tokens / max(alone_decode, 1e-9):.1f} tokens/s; speed-up of {method.name} (ms/token, decode only): "
           f"{(alone_decode / max(alone_tokens, 1)) / max(decode_seconds / max(n_tokens, 1), 1e-9):.2f}x", flush=True)

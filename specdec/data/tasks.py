@@ -122,6 +122,12 @@ def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decod
   return start + inputs + separator, targets
 
 
+def bucket_width(longest: int, bucket: int = 32) -> int:
+  """The width prompts are padded to: the longest rounded up to a multiple of `bucket`, so that prompt sets of
+  nearby lengths run the same compiled programs."""
+  return -(-int(longest) // bucket) * bucket
+
+
 def prompt_batch(texts: Sequence[str], *, task: str | None = None, vocab: Vocabulary | None = None,
                  encoder_decoder: bool = False, bucket: int = 32, truncate: bool = False
                  ) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +165,7 @@ def prompt_batch(texts: Sequence[str], *, task: str | None = None, vocab: Vocabu
   elif not encoder_decoder:
     ids = [vocab.prompt_start + row for row in ids]
   lengths = np.array([len(row) for row in ids], np.int32)
-  width = -(-int(lengths.max()) // bucket) * bucket
+  width = bucket_width(lengths.max(), bucket)
   prompts = np.zeros((len(ids), width), np.int32)
   for i, row in enumerate(ids):
     prompts[i, :len(row)] = row

@@ -1,4 +1,5 @@
 """Evaluation (layer 5): `metrics` (BLEU, ROUGE-2, the verifier's log-likelihood, cost rates), `grid`
 (gin-configured quality/latency grids: experiments, method families, points), `sweep` (runs a grid: quality
 and latency of every point), `results` (the resumable JSON-lines store and its hashes), `pareto` (frontiers,
-Table 2, Figure 3/4 plots) and `timing` (median wall-clock of jitted calls, for the benchmarks)."""
+Table 2, Figure 3/4 plots), `bench` (the benchmark harness: records, timing, the interleaved protocol,
+before/after; `specdec-bench`), `hlo` (compiled programs read) and `plan` (TPU programs planned)."""

@@ -5,8 +5,8 @@ pair, the examples and the run settings; not the label, commit or machine), so a
 finds the points already done. Records are appended one line at a time, flushed and fsynced
 (`append_result`); a kill can only cut the last line short, which a rerun drops (`drop_partial_line`) and
 readers leave out (`read_results`). Several hosts write shards beside the file (`host_shard`), read
-together with it. `code_digest`, `git_commit` and `device` say which code on which machine measured a
-record.
+together with it. `code_digest` (and the harness's `bench.git_commit` and `bench.device`) say which code on
+which machine measured a record.
 """
 
 from __future__ import annotations
@@ -16,13 +16,9 @@ import hashlib
 import json
 import os
 import pathlib
-import platform
-import subprocess
 import sys
 from collections.abc import Collection
 from typing import Any
-
-import jax
 
 from specdec.evaluation.grid import Point
 
@@ -121,22 +117,3 @@ def append_result(path: str | os.PathLike, record: dict[str, Any]) -> None:
     f.write(json.dumps(record, sort_keys=True) + "\n")
     f.flush()
     os.fsync(f.fileno())
-
-
-def git_commit() -> str | None:
-  """HEAD of the repository, with '-dirty' when tracked files differ from it; None outside git."""
-  try:
-    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return None
-  return head + ("-dirty" if dirty else "")
-
-
-def device() -> str:
-  """The machine a measurement ran on: the first JAX device and their count, the CPU and the JAX version."""
-  first = jax.devices()[0]
-  return (f"{first.platform}:{first.device_kind} x{jax.device_count()} | {platform.machine()} "
-          f"{os.cpu_count()} cpus | jax {jax.__version__}")

@@ -32,7 +32,6 @@ import hashlib
 import json
 import pathlib
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,8 +47,9 @@ from specdec.decoding import common
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.evaluation import metrics
 from specdec.evaluation.grid import Experiment, ModelSource, Point, baseline_point, expand_grid, find_task
-from specdec.evaluation.results import (append_result, code_digest, device, digest, drop_partial_line, files_digest,
-                                        git_commit, host_shard, point_hash, read_results)
+from specdec.evaluation.bench import device, git_commit, interleaved
+from specdec.evaluation.results import (append_result, code_digest, digest, drop_partial_line, files_digest, host_shard,
+                                        point_hash, read_results)
 from specdec.models import partitioning
 from specdec.models.base import Model
 from specdec.training import convert, exports
@@ -269,23 +269,15 @@ def latency(point: Point, workload: Workload, baseline: Point | None = None) -> 
   """Wall-clock seconds per latency example at batch size 1 (App. F.1), summed over `latency_trials`
   passes, after one warm-up call (compilation) excluded: [n_latency] for the point, then for the
   `baseline` if given, which is timed on each example right after the point (same key): on a shared
-  machine the ratio of interleaved timings is stable where timings taken minutes apart are not. On a mesh
-  each data shard decodes the example (the batch is the example repeated over the data axis), the models
-  split over 'model' as in the quality batches."""
+  machine the ratio of interleaved timings (`bench.interleaved`) is stable where timings taken minutes apart
+  are not. On a mesh each data shard decodes the example (the batch is the example repeated over the data
+  axis), the models split over 'model' as in the quality batches."""
   key = jax.random.fold_in(jax.random.PRNGKey(workload.seed), 1)
   rows = workload.latency_rows
   copies = 1 if workload.mesh is None else workload.mesh.shape[partitioning.DATA]
   timed = [point] if baseline is None else [point, baseline]
-  for each in timed:
-    jax.block_until_ready(decode_rows(each, workload, key, np.repeat(rows[:1], copies)).tokens)
-  seconds = np.zeros((len(timed), len(rows)))
-  for _ in range(workload.latency_trials):
-    for j, row in enumerate(rows):
-      for i, each in enumerate(timed):
-        start = time.perf_counter()
-        jax.block_until_ready(decode_rows(each, workload, key, np.repeat(row, copies)).tokens)
-        seconds[i, j] += time.perf_counter() - start
-  return list(seconds)
+  runs = [lambda row, _, each=each: decode_rows(each, workload, key, np.repeat(row, copies)).tokens for each in timed]
+  return list(interleaved(runs, rows, trials=workload.latency_trials, warmup=rows[:1]))
 
 
 def run_point(point: Point, workload: Workload) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class LabelledRows:
   def take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
     """The rows, cut after their last response token (rounded up to 32: few shapes to compile)."""
     last = np.nonzero(self.response[rows].any(axis=0))[0]
-    width = min(self.inputs.shape[1], -(-(int(last[-1]) + 1 if len(last) else 1) // 32) * 32)
+    width = min(self.inputs.shape[1], tasks.bucket_width(int(last[-1]) + 1 if len(last) else 1))
     return {name: getattr(self, name)[rows, :width] for name in ("inputs", "candidates", "labels", "response")}
 
 
@@ -88,7 +88,7 @@ def label_rows(drafter: Any, verifier: Any, split: tasks.Tokenized, *, key: Arra
   for start in range(0, n, batch_size):
     rows = order[start:start + batch_size]
     rows_padded = np.concatenate([rows, np.full(batch_size - len(rows), rows[-1])])
-    cut = min(width, -(-int(split.lengths[rows].max()) // 32) * 32)
+    cut = min(width, tasks.bucket_width(split.lengths[rows].max()))
     c, a = _label_batch(jax.random.fold_in(key, start), drafter, verifier,
                         jnp.asarray(split.tokens[rows_padded, :cut]), sampling)
     candidates[rows, :cut] = np.asarray(c)[:len(rows)]

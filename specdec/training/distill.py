@@ -38,7 +38,7 @@ def generate(verifier, split: tasks.Tokenized, rows: np.ndarray, *, max_new_toke
   for start in range(0, len(rows), batch_size):
     batch = order[start:start + batch_size]
     padded = np.concatenate([batch, np.full(batch_size - len(batch), batch[-1])])   # one shape per width
-    prompt_width = -(-int(prompt_lengths[batch].max()) // 32) * 32
+    prompt_width = tasks.bucket_width(prompt_lengths[batch].max())
     # Row ids: a row's continuation depends on (seed, its row of the split), not on the batching.
     out = decoding.generate(jax.random.PRNGKey(seed), None, verifier, prompts[padded, :prompt_width],
                             prompt_lengths[padded], method="autoregressive", temperature=temperature,

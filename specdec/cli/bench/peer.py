@@ -1,7 +1,7 @@
 """Head to head with Hugging Face transformers: the same T5 weights, the same prompts, greedy, tokens/s.
 
-No trained T5 verifier exists (`data/models` holds decoder-only exports; the T5 pair of experiments/t5_pair/README.md,
-"Trained T5 pair", is not shipped and its verifier failed), so the weights are random T5 v1.1: a verifier of
+No T5 pair is shipped (`data/models` holds decoder-only exports; the trained T5 pair of
+experiments/t5_pair/README.md is not), so the weights are random T5 v1.1: a verifier of
 6 + 6 layers, d_model 512 (8 heads × 64, MLP 1024) over the shipped vocabulary's 8192 tokens, and a drafter
 cut from it (its first `--drafter-layers` decoder layers; embedding, encoder and head shared). Both are
 exported with `save_hf_t5`, loaded by `T5ForConditionalGeneration.from_pretrained` and read back with
@@ -26,9 +26,8 @@ Where the time goes, per setting: specdec's per-call costs (jitted `prefill` and
 example and each batch between the timed runs) split its time into prefills, model calls and the loop's own
 overhead; forward hooks split transformers' time into its forward calls and generate's Python loop.
 
-Usage: python scripts/bench_peer.py [--task debian_synopsis] [--source auto] [--examples 16] [--tokens 32]
-                                    [--gamma 3] [--drafter-layers 1] [--heads tied mixed untied] [--mix 80]
-                                    [--torch-threads 1]
+  specdec-bench peer [--task debian_synopsis] [--source auto] [--examples 16] [--tokens 32] [--gamma 3]
+                     [--drafter-layers 1] [--heads tied mixed untied] [--mix 80] [--torch-threads 1]
 """
 
 from __future__ import annotations
@@ -38,11 +37,9 @@ import collections
 import dataclasses
 import functools
 import os
-import platform
-import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +49,7 @@ import transformers
 
 from specdec import decoding, models
 from specdec.data import tasks
-from specdec.evaluation.timing import median_seconds
+from specdec.evaluation import bench
 from specdec.models import base, t5
 from specdec.training import load_hf_t5, save_hf_t5
 
@@ -62,9 +59,7 @@ BATCH = 8
 MODES = ("hf_autoregressive", "specdec_autoregressive", "hf_assisted", "specdec_speculative")
 
 _prefill = jax.jit(base.prefill)
-_score = jax.jit(lambda model, cache, tokens: model.score(cache, tokens))
-# Only the logits: returning the (not donated) cache would time a copy of it.
-_score_logits = jax.jit(lambda model, cache, tokens: model.score(cache, tokens).logits)
+_score_cache = jax.jit(lambda model, cache, tokens: model.score(cache, tokens).cache)
 
 
 def _with_head(model: t5.T5, head: str, mix: float) -> t5.T5:
@@ -119,18 +114,6 @@ def _counters(out: decoding.Output) -> dict[str, int]:
           "loop_drafter_calls": int(stats.drafter_calls.max())}
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-  start = time.perf_counter()
-  out = fn()
-  return time.perf_counter() - start, out
-
-
-def _width(lengths: np.ndarray) -> int:
-  """The prompt width specdec is given: the longest prompt rounded up to 32 (as `tasks.prompt_batch`), so
-  few shapes compile."""
-  return -(-int(lengths.max()) // 32) * 32
-
-
 def _groups(n: int) -> list[np.ndarray]:
   return [np.arange(start, min(start + BATCH, n)) for start in range(0, n, BATCH)]
 
@@ -139,26 +122,17 @@ def _call_costs(verifier: t5.T5, drafter: t5.T5, prompts: np.ndarray, lengths: n
                 context: int, repeats: int) -> collections.Counter:
   """Median seconds of specdec's calls on these rows as one batch: each model's prefill of the prompts, and
   the verifier scoring 1 and γ+1 decoder positions and the drafter 1 after `context` positions."""
-  prompts, lengths = jnp.asarray(prompts[:, :_width(lengths)]), jnp.asarray(lengths)
+  prompts, lengths = jnp.asarray(prompts[:, :tasks.bucket_width(lengths.max())]), jnp.asarray(lengths)
   costs = collections.Counter()
   for name, model in (("verifier", verifier), ("drafter", drafter)):
     empty = model.init_cache(len(lengths), context + gamma + 1)
-    costs[f"{name} prefill"] = median_seconds(_prefill, model, empty, prompts, lengths, repeats=repeats)
+    costs[f"{name} prefill"] = bench.median_seconds(_prefill, model, empty, prompts, lengths, repeats=repeats)
     _, cache = _prefill(model, empty, prompts, lengths)
-    cache = _score(model, cache, jnp.ones((len(lengths), context), jnp.int32)).cache
+    cache = _score_cache(model, cache, jnp.ones((len(lengths), context), jnp.int32))
     for n in ((1, gamma + 1) if name == "verifier" else (1,)):
-      costs[f"{name} {n}"] = median_seconds(_score_logits, model, cache, jnp.ones((len(lengths), n), jnp.int32),
-                                            repeats=repeats)
+      costs[f"{name} {n}"] = bench.median_seconds(bench.score_logits, model, cache,
+                                                  jnp.ones((len(lengths), n), jnp.int32), repeats=repeats)
   return costs
-
-
-def _machine() -> str:
-  cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-             platform.processor())
-  return (f"machine: {platform.machine()} {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} | "
-          f"jax {jax.__version__} ({jax.devices()[0].platform}) | torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads) | transformers {transformers.__version__} | "
-          f"python {platform.python_version()}")
 
 
 def run_setting(head: str, args: argparse.Namespace, prompts: np.ndarray, lengths: np.ndarray,
@@ -180,9 +154,9 @@ def run_setting(head: str, args: argparse.Namespace, prompts: np.ndarray, length
     return out.numpy()[:, 1:]
 
   def ours(rows: np.ndarray, method: str) -> decoding.Output:
-    out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts[rows, :_width(lengths[rows])],
-                            lengths[rows], method=method, gamma=args.gamma, temperature=0.0,
-                            max_new_tokens=args.tokens, eos_id=None)
+    width = tasks.bucket_width(lengths[rows].max())
+    out = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts[rows, :width], lengths[rows],
+                            method=method, gamma=args.gamma, temperature=0.0, max_new_tokens=args.tokens, eos_id=None)
     return jax.tree.map(np.asarray, out)
 
   run = {"hf_autoregressive": lambda r: hf(r, False), "hf_assisted": lambda r: hf(r, True),
@@ -190,40 +164,40 @@ def run_setting(head: str, args: argparse.Namespace, prompts: np.ndarray, length
          "specdec_speculative": lambda r: ours(np.array([r]), "speculative")}
   batched = {f"specdec_{method}_batch{BATCH}": functools.partial(ours, method=method)
              for method in ("speculative", "autoregressive")}
-  for rows in _groups(len(prompts)):   # warm-up: compiles every prompt width; torch's first calls
-    for mode in MODES:
-      for row in rows:
-        run[mode](row)
-    for mode in batched:
-      batched[mode](rows)
-
-  seconds, tokens = collections.Counter(), collections.Counter()
   outputs, counters = collections.defaultdict(list), collections.defaultdict(collections.Counter)
   hf_calls, hf_seconds = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
-  costs = {1: collections.Counter(), BATCH: collections.Counter()}   # summed over the examples / the groups
-  for rows in _groups(len(prompts)):
-    for row in rows:
-      for mode in MODES:
-        clock.reset()
-        elapsed, out = _timed(lambda: run[mode](row))
-        seconds[mode] += elapsed
-        if mode.startswith("hf"):
-          outputs[mode].append(out[0])
-          hf_calls[mode].update(clock.calls)
-          hf_seconds[mode].update(clock.seconds)
-        else:
-          outputs[mode].append(out.tokens[0])
-          counters[mode].update(_counters(out))
-        tokens[mode] += len(outputs[mode][-1])
-      costs[1].update(_call_costs(verifier, drafter, prompts[[row]], lengths[[row]], args.gamma, args.tokens // 2,
-                                  args.repeats))
-    for mode in batched:
-      elapsed, out = _timed(lambda: batched[mode](rows))
-      seconds[mode] += elapsed
-      tokens[mode] += out.tokens.size
+
+  def timed(mode: str, run: Any) -> Any:
+    def call(item: Any, _) -> Any:
+      clock.reset()
+      return run(item)
+    return call
+
+  def keep(mode: str, out: Any) -> None:
+    if mode.startswith("hf"):
+      outputs[mode].append(out[0])
+      hf_calls[mode].update(clock.calls)
+      hf_seconds[mode].update(clock.seconds)
+    else:
       outputs[mode].extend(out.tokens)
       counters[mode].update(_counters(out))
-    costs[BATCH].update(_call_costs(verifier, drafter, prompts[rows], lengths[rows], args.gamma, args.tokens // 2,
+
+  # Every mode on each example in turn, then the batched modes on each group of BATCH examples in turn
+  # (`bench.interleaved`: compiles and torch's first calls untimed).
+  rows, groups = range(len(prompts)), _groups(len(prompts))
+  seconds = collections.Counter()
+  for modes, items in ((dict((mode, run[mode]) for mode in MODES), rows), (batched, groups)):
+    names = list(modes)
+    elapsed = bench.interleaved([timed(mode, modes[mode]) for mode in names], items,
+                                on_output=lambda i, _, out: keep(names[i], out))
+    seconds.update(dict(zip(names, elapsed.sum(axis=1))))
+  tokens = collections.Counter({mode: sum(len(row) for row in out) for mode, out in outputs.items()})
+  costs = {1: collections.Counter(), BATCH: collections.Counter()}   # summed over the examples / the groups
+  for row in rows:
+    costs[1].update(_call_costs(verifier, drafter, prompts[[row]], lengths[[row]], args.gamma, args.tokens // 2,
+                                args.repeats))
+  for group in groups:
+    costs[BATCH].update(_call_costs(verifier, drafter, prompts[group], lengths[group], args.gamma, args.tokens // 2,
                                     args.repeats))
   reference = np.stack(outputs["hf_autoregressive"])
   mismatches = {mode: int((np.stack(out) != reference).any(axis=1).sum()) for mode, out in outputs.items()}
@@ -299,8 +273,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> None:
   profile(result, args)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--task", default="debian_synopsis")
   parser.add_argument("--source", default="auto")
   parser.add_argument("--examples", type=int, default=16, help="validation prompts (a multiple of 8)")
@@ -315,20 +288,22 @@ def main() -> None:
   # On this shared 2-core machine torch's default (one OpenMP thread per core) ran a 32-token generate 5x slower
   # than one thread whenever other jobs ran (3.0 s vs 0.5-0.6 s): the peer gets its faster setting.
   parser.add_argument("--torch-threads", type=int, default=1, help="torch's intra-op threads (0: torch's default)")
-  args = parser.parse_args()
+
+
+def run(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], str]:
   if args.torch_threads:
     torch.set_num_threads(args.torch_threads)
   if args.examples % BATCH:
-    parser.error(f"--examples must be a multiple of {BATCH}")
+    raise ValueError(f"--examples must be a multiple of {BATCH}; got {args.examples}")
   transformers.logging.set_verbosity_error()   # generate's per-call notices; loading is checked by _export
 
   split = tasks.tokenized(args.task, "validation", source=args.source, encoder_decoder=True)
   rows = np.sort(np.random.default_rng(args.seed).permutation(len(split))[:args.examples])
   prompts, lengths = split.prompts(rows)
-  prompts = np.pad(prompts, ((0, 0), (0, -(-prompts.shape[1] // 32) * 32 - prompts.shape[1])))
+  prompts = np.pad(prompts, ((0, 0), (0, tasks.bucket_width(prompts.shape[1]) - prompts.shape[1])))
   base_verifier = t5.init(VERIFIER, jax.random.PRNGKey(args.seed))
-  print(_machine())
-  print(f"command: {' '.join(['python'] + sys.argv)}")
+  print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
+        f"load average {os.getloadavg()[0]:.2f}")
   print(f"verifier: random T5 v1.1, {VERIFIER.num_encoder_layers}+{VERIFIER.num_decoder_layers} layers, d_model "
         f"{VERIFIER.emb_dim}, {VERIFIER.num_heads} heads x {VERIFIER.head_dim}, MLP {VERIFIER.mlp_dim}, vocab "
         f"{VERIFIER.vocab_size} ({models.count_params(base_verifier):,} params); drafter: its first "
@@ -341,8 +316,13 @@ def main() -> None:
     results = [run_setting(head, args, prompts, lengths, base_verifier, workdir) for head in args.heads]
   for result in results:
     report(result, args)
+  record = bench.new_record("peer", command, keys=("head", "mode"), torch=torch.__version__,
+                            transformers=transformers.__version__, torch_threads=torch.get_num_threads(),
+                            **{k: v for k, v in vars(args).items() if k in ("task", "examples", "tokens", "gamma")})
+  for result in results:
+    report(result, args)
+    for mode, seconds in result["seconds"].items():
+      record["rows"].append({"head": result["head"], "mode": mode, "tokens_per_s": result["tokens"][mode] / seconds,
+                             "rows_unlike_hf_greedy": result["mismatches"][mode]})
   print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
-
-
-if __name__ == "__main__":
-  main()
+  return record, bench.markdown_table(record["rows"]) + "\n"

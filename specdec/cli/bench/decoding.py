@@ -1,4 +1,4 @@
-"""Wall-clock of speculative decoding against autoregressive decoding, and the theory's prediction.
+"""Speculative against autoregressive decoding, interleaved, and the theory's prediction.
 
 Trained pair (`--task`): drafter and verifier exports (`--drafter`, `--verifier` directories; several
 drafters may be given and are compared in the same run; `maxgram` is CS Drafting's Max-Gram drafter,
@@ -13,9 +13,9 @@ speed-up over the verifier alone (ratio of ms per generated token: at T > 0 the 
 the mean wall-clock of a block (total time / verifier calls, prefills included), the speed-up that block
 cost allows if every draft were accepted, and the acceptance 1.5x would need at that block cost.
 
-  python scripts/bench_decoding.py --task debian_synopsis --source outputs/debian \
+  specdec-bench decoding --task debian_synopsis --source outputs/debian \
       --drafter data/models/debian_drafter --verifier data/models/debian_verifier --gamma 3 5
-  python scripts/bench_decoding.py --task debian_en_de --source outputs/debian --verifier data/models/debian_verifier \
+  specdec-bench decoding --task debian_en_de --source outputs/debian --verifier data/models/debian_verifier \
       --drafter data/models/debian_drafter_distilled maxgram csd:data/models/debian_drafter_distilled:lower_gamma=4
 
 With CS Drafting cascades each run also prints CSD's EWIF from its measured acceptance and costs. `--trees K …`
@@ -32,16 +32,12 @@ Random-weight models (no `--task`; presets, the paper's LM1B sizes), batch size 
 Random weights accept nearly every greedy draft (experiments/model_costs/README.md): their speed-ups are not those of
 a trained pair.
 
-Usage: python scripts/bench_decoding.py [--drafter 6m] [--verifier 97m] [--gamma 3 5] [--tokens 64]
+  specdec-bench decoding [--drafter 6m] [--verifier 97m] [--gamma 3 5] [--tokens 64]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import sys
-import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -51,16 +47,8 @@ import numpy as np
 from specdec import decoding, models, theory
 from specdec.data import load_vocabulary, tasks
 from specdec.decoding.feature_drafter import FeatureDrafter
-from specdec.evaluation.timing import median_seconds
+from specdec.evaluation import bench
 from specdec.training import acceptance, export_name, exports, load_model
-
-
-def _score_seconds(model, n: int, prefix: int, repeats: int) -> float:
-  cache = model.init_cache(1, prefix + n + 1)
-  cache = model.score(cache, jnp.ones((1, prefix), jnp.int32)).cache
-  score = jax.jit(lambda m, c, t: m.score(c, t).logits)
-  tokens = jnp.ones((1, n), jnp.int32)
-  return median_seconds(lambda: score(model, cache, tokens), repeats=repeats)
 
 
 def _head_step_seconds(drafter, prefix: int, repeats: int) -> float:
@@ -72,12 +60,8 @@ def _head_step_seconds(drafter, prefix: int, repeats: int) -> float:
   _, cache = head.score(cache, features, verifier.token_embeddings(jnp.ones((1, prefix), jnp.int32)))
   step = jax.jit(lambda d, c, f, t: d.verifier.output_logits(
       d.head.score(c, f, d.verifier.token_embeddings(t))[0]))
-  return median_seconds(lambda: step(drafter, cache, features[:, :1], jnp.ones((1, 1), jnp.int32)), repeats=repeats)
-
-
-def _machine() -> str:
-  return (f"machine: {platform.machine()} | {jax.devices()[0].device_kind} | {os.cpu_count()} cpus | "
-          f"jax {jax.__version__} | python {platform.python_version()}")
+  return bench.median_seconds(lambda: step(drafter, cache, features[:, :1], jnp.ones((1, 1), jnp.int32)),
+                              repeats=repeats)
 
 
 def _acceptance_for(tokens_per_block: float, gamma: int) -> float:
@@ -129,7 +113,7 @@ def _drafters(args: argparse.Namespace, verifier) -> dict[str, Entry]:
                                                                                   **kw), model, kw)
     elif spec.startswith("feature:"):   # feature:DIR: the feature drafter of DIR's head over the verifier
       if not exports.is_feature_head(spec[len("feature:"):]):
-        raise SystemExit(f"--drafter {spec}: {spec[len('feature:'):]} holds no feature head (feature_head/)")
+        raise ValueError(f"--drafter {spec}: {spec[len('feature:'):]} holds no feature head (feature_head/)")
       drafter = exports.load_drafter(spec[len("feature:"):], verifier)
       drafters[f"feature {export_name(spec[len('feature:'):])}"] = Entry(lambda gamma, drafter=drafter: drafter,
                                                                           drafter, None)
@@ -154,11 +138,15 @@ def max_gram_cost(grams: decoding.MaxGram, gamma: int, history: int, repeats: in
     state, last = grams.start(prompts, jnp.full((batch,), history), cache_length=history + 64)
     propose = jax.jit(lambda state, last: grams.propose(jax.random.PRNGKey(0), state, last, max_drafts=gamma,
                                                         sampling=decoding.Sampling()).tokens)
-    seconds[batch] = median_seconds(lambda: propose(state, last), repeats=repeats)
+    seconds[batch] = bench.median_seconds(lambda: propose(state, last), repeats=repeats)
   return seconds
 
 
-def trained_pairs(args: argparse.Namespace) -> None:
+def _score_seconds(model, widths, prefix: int, repeats: int) -> dict[int, float]:
+  return bench.score_seconds(model, widths, prefix=prefix, repeats=repeats)
+
+
+def trained_pairs(args: argparse.Namespace, record: dict[str, Any]) -> None:
   """Speculative decoding with each trained drafter against the trained verifier alone, interleaved."""
   verifier = load_model(args.verifier)
   split = tasks.tokenized(args.task, "validation", source=args.source)
@@ -167,13 +155,12 @@ def trained_pairs(args: argparse.Namespace) -> None:
   prompts, lengths = split.prompts(rows)
   max_new = args.tokens or tasks.get_task(args.task).max_target_tokens
   eos_id = load_vocabulary().eos_id
-  print(_machine())
-  print(f"command: {' '.join(['python'] + sys.argv)}")
-  print(f"task {args.task}: {len(rows)} validation prompts (mean length {lengths.mean():.0f}), batch {args.batch}, up to "
-        f"{max_new} new tokens, eos stops; verifier {export_name(args.verifier)} "
+  print(f"task {args.task}: {len(rows)} validation prompts (mean length {lengths.mean():.0f}), batch {args.batch}, "
+        f"up to {max_new} new tokens, eos stops; verifier {export_name(args.verifier)} "
         f"({models.count_params(verifier):,} params)")
   prefix = int(lengths.mean())
-  t1 = _score_seconds(verifier, 1, prefix, 50)
+  verifier_costs = _score_seconds(verifier, sorted({1, *(g + 1 for g in args.gamma)}), prefix, 50)
+  t1 = verifier_costs[1]
   print(f"verifier: one scored token {t1 * 1e3:.2f} ms")
   costs = {}    # id(drafter model) -> {n: cost of scoring n tokens, in verifier steps}
   reviews = {1} | {entry.csd.get("lower_gamma", 4) + 1 for entry in drafters.values() if entry.csd}
@@ -184,8 +171,7 @@ def trained_pairs(args: argparse.Namespace) -> None:
     if id(model) not in costs and isinstance(model, FeatureDrafter):
       costs[id(model)] = {1: _head_step_seconds(model, prefix, 50) / t1}
     elif id(model) not in costs:
-      costs[id(model)] = {n: _score_seconds(model, n, prefix, 50) / t1
-                          for n in sorted(reviews)}
+      costs[id(model)] = {n: t / t1 for n, t in _score_seconds(model, sorted(reviews), prefix, 50).items()}
     cost = costs[id(model)]
     size = models.count_params(model.head if isinstance(model, FeatureDrafter) else model)
     print(f"drafter {name}: {size:,} params, c = {cost[1]:.3f} per scored token; "
@@ -197,7 +183,7 @@ def trained_pairs(args: argparse.Namespace) -> None:
     print(f"Max-Gram proposal of {max(args.gamma)} drafts over {prefix + max_new} tokens: "
           + ", ".join(f"B={b} {s * 1e6:.0f} us ({s / t1:.3f} verifier steps)" for b, s in grams_cost.items()))
   for gamma in args.gamma:
-    c_gamma = _score_seconds(verifier, gamma + 1, prefix, 50) / t1
+    c_gamma = verifier_costs[gamma + 1] / t1
     print(f"gamma={gamma}: the verifier scores gamma+1 tokens at {c_gamma:.2f}x one token")
   for temperature in args.temperatures:
     runs = [("verifier alone", None, "autoregressive", 1, {})] + [
@@ -209,7 +195,7 @@ def trained_pairs(args: argparse.Namespace) -> None:
 
     def decode(drafter, method, gamma, params, group, key):
       # Prompts as a user passes them: the group's longest (rounded up to 32: few shapes to compile).
-      width = -(-int(lengths[group].max()) // 32) * 32
+      width = tasks.bucket_width(lengths[group].max())
       return decoding.generate(key, drafter, verifier, prompts[group, :width], lengths[group],
                                method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
                                eos_id=eos_id, **params)
@@ -219,7 +205,7 @@ def trained_pairs(args: argparse.Namespace) -> None:
       drafter = drafters["maxgram"].factory(k) if "maxgram" in drafters else decoding.MaxGram(model.vocab_size)
       generated = calls = 0
       for row in range(len(rows)):
-        width = -(-int(lengths[row]) // 32) * 32
+        width = tasks.bucket_width(lengths[row])
         out = decoding.generate(jax.random.PRNGKey(row), drafter, model, prompts[row:row + 1, :width],
                                 lengths[row:row + 1], method="speculative", gamma=k, temperature=temperature,
                                 max_new_tokens=max_new, eos_id=eos_id)
@@ -227,24 +213,18 @@ def trained_pairs(args: argparse.Namespace) -> None:
       return _acceptance_for(generated / max(calls, 1), k)
 
     groups = [np.arange(start, min(start + args.batch, len(rows))) for start in range(0, len(rows), args.batch)]
-    for group in groups:  # compile every prompt width
-      for _, drafter, method, gamma, params in runs:
-        jax.block_until_ready(decode(drafter, method, gamma, params, group, jax.random.PRNGKey(0)).tokens)
-    seconds = np.zeros(len(runs))
     totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls",
                              "verifier_positions", "blocks"), 0) for _ in runs]
-    for trial in range(args.trials):
-      for number, group in enumerate(groups):
-        key = jax.random.PRNGKey(trial * len(groups) + number)
-        for i, (_, drafter, method, gamma, params) in enumerate(runs):
-          start = time.perf_counter()
-          out = decode(drafter, method, gamma, params, group, key)
-          jax.block_until_ready(out.tokens)
-          seconds[i] += time.perf_counter() - start
-          for stat in totals[i]:
-            if stat != "blocks":
-              totals[i][stat] += int(np.sum(getattr(out.stats, stat)))
-          totals[i]["blocks"] += int(np.max(out.stats.verifier_calls))   # the batch's calls: its slowest row's
+
+    def count(i: int, _, out: decoding.Output) -> None:
+      for stat in totals[i]:
+        if stat != "blocks":
+          totals[i][stat] += int(np.sum(getattr(out.stats, stat)))
+      totals[i]["blocks"] += int(np.max(out.stats.verifier_calls))   # the batch's calls: its slowest row's
+
+    timed = [lambda number, trial, run=run: decode(*run[1:], groups[number], jax.random.PRNGKey(
+        trial * len(groups) + number)) for run in runs]
+    seconds = bench.interleaved(timed, range(len(groups)), trials=args.trials, on_output=count).sum(axis=1)
     per_token = [seconds[i] / max(totals[i]["generated"], 1) for i in range(len(runs))]
     print(f"temperature {temperature}: {args.trials} trial(s) x {len(rows)} examples, batch {args.batch}")
     for i, (label, _, method, _, _) in enumerate(runs):
@@ -269,6 +249,9 @@ def trained_pairs(args: argparse.Namespace) -> None:
                  f"{(gamma + 1) * args.batch * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs "
                  f"acceptance {_acceptance_for(1.5 * block / (args.batch * per_token[0]), gamma):.2f}")
       print(line, flush=True)
+      record["rows"].append({"temperature": temperature, "run": label, "method": method, "gamma": runs[i][3],
+                             "ms_per_token": 1e3 * per_token[i], "speedup": per_token[0] / per_token[i],
+                             **{f"total_{stat}": value for stat, value in t.items()}})
     if args.rates_plot:
       _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token,
                   f"{args.task}, T = {temperature:g}")
@@ -350,7 +333,7 @@ def _ewif(name, gamma, alphas, drafters, costs, c_grams, totals, temperature, de
   return "no closed form for this configuration"
 
 
-def random_pair(args: argparse.Namespace) -> None:
+def random_pair(args: argparse.Namespace, record: dict[str, Any]) -> None:
   """The random-weight presets (module docstring)."""
   small = models.build(args.drafter[0], vocab_size=args.vocab, seed=1, max_length=256)
   large = models.build(args.verifier, vocab_size=args.vocab, seed=2, max_length=256)
@@ -362,21 +345,20 @@ def random_pair(args: argparse.Namespace) -> None:
     return decoding.generate(key, drafter, verifier, prompts, lengths, method=method, gamma=gamma,
                              temperature=0.0, max_new_tokens=args.tokens, eos_id=None)
 
-  t1 = {name: _score_seconds(m, 1, args.prompt, 20) for name, m in (("small", small), ("large", large))}
+  large_costs = _score_seconds(large, sorted({1, *(g + 1 for g in args.gamma)}), args.prompt, 20)
+  t1 = {"small": _score_seconds(small, (1,), args.prompt, 20)[1], "large": large_costs[1]}
   c = t1["small"] / t1["large"]
-  print(_machine())
-  print(f"command: {' '.join(['python'] + sys.argv)}")
   print(f"models: drafter {args.drafter[0]} ({models.count_params(small) / 1e6:.1f}M params), verifier "
         f"{args.verifier} ({models.count_params(large) / 1e6:.1f}M), V={args.vocab}, batch 1, greedy, "
         f"{args.tokens} new tokens, prompt {args.prompt}")
   print(f"one decode step: drafter {t1['small'] * 1e3:.2f} ms, verifier {t1['large'] * 1e3:.2f} ms, "
         f"c = {c:.3f}")
-  t_ar = median_seconds(lambda: run(None, large, "autoregressive").tokens, repeats=args.repeats)
+  t_ar = bench.median_seconds(lambda: run(None, large, "autoregressive").tokens, repeats=args.repeats)
   print(f"autoregressive verifier: {t_ar * 1e3:.1f} ms ({t_ar / args.tokens * 1e3:.2f} ms/token)")
   for gamma in args.gamma:
-    c_gamma = _score_seconds(large, gamma + 1, args.prompt, 20) / t1["large"]
+    c_gamma = large_costs[gamma + 1] / t1["large"]
     same = run(large, large, "speculative", gamma)
-    t_same = median_seconds(lambda: run(large, large, "speculative", gamma).tokens, repeats=args.repeats)
+    t_same = bench.median_seconds(lambda: run(large, large, "speculative", gamma).tokens, repeats=args.repeats)
     assert int(same.stats.rejected[0]) == 0
     predicted_same = (gamma + 1) / ((gamma + 1) * 1.0 + c_gamma)
     print(f"gamma={gamma}: verifier scoring gamma+1 tokens costs {c_gamma:.2f}x one token")
@@ -384,7 +366,7 @@ def random_pair(args: argparse.Namespace) -> None:
           f"predicted from measured costs, {theory.walltime_improvement(1.0, gamma, 1.0):.2f}x by "
           f"walltime_improvement(1, gamma, c=1)")
     mixed = run(small, large, "speculative", gamma)
-    t_mixed = median_seconds(lambda: run(small, large, "speculative", gamma).tokens, repeats=args.repeats)
+    t_mixed = bench.median_seconds(lambda: run(small, large, "speculative", gamma).tokens, repeats=args.repeats)
     s = jax.tree.map(lambda x: float(x[0]), mixed.stats)
     alpha = s.accepted / s.drafted  # per-token acceptance rate of this run
     refined = theory.expected_tokens_per_call(min(alpha, 0.999999), gamma) / ((gamma + 1) * c + c_gamma)
@@ -392,10 +374,14 @@ def random_pair(args: argparse.Namespace) -> None:
           f"{s.generated / s.verifier_calls:.2f} tokens/verifier call, speedup {t_ar / t_mixed:.2f}x measured, "
           f"{refined:.2f}x predicted from measured costs, "
           f"{theory.walltime_improvement(min(alpha, 0.999999), gamma, c):.2f}x by walltime_improvement")
+    record["rows"] += [
+        {"temperature": 0.0, "run": f"identical pair gamma={gamma}", "gamma": gamma, "speedup": t_ar / t_same,
+         "predicted_speedup": predicted_same, "c_gamma": c_gamma},
+        {"temperature": 0.0, "run": f"{args.drafter[0]} -> {args.verifier} gamma={gamma}", "gamma": gamma,
+         "speedup": t_ar / t_mixed, "predicted_speedup": refined, "acceptance": alpha, "c": c, "c_gamma": c_gamma}]
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--drafter", nargs="+", default=["6m"],
                       help="presets, or with --task export directories, 'maxgram' or 'maxgram:gate=K' "
                            "(decoding.MaxGram), CS "
@@ -420,15 +406,16 @@ def main() -> None:
                       help="new tokens (default: 64 for random weights, the task's target budget with --task)")
   parser.add_argument("--prompt", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=5)
-  args = parser.parse_args()
+
+
+def run(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], str]:
   if args.batch < 1:
-    parser.error(f"--batch must be >= 1; got {args.batch}")
+    raise ValueError(f"--batch must be >= 1; got {args.batch}")
+  record = bench.new_record("decoding", command, keys=("temperature", "run"), **{
+      k: v for k, v in vars(args).items() if k not in ("out", "before", "after", "rounds", "subcommand")})
   if args.task:
-    trained_pairs(args)
+    trained_pairs(args, record)
   else:
     args.tokens = args.tokens or 64
-    random_pair(args)
-
-
-if __name__ == "__main__":
-  main()
+    random_pair(args, record)
+  return record, bench.markdown_table(record["rows"]) + "\n"

@@ -1,0 +1,5 @@
+"""`python -m specdec.cli.bench`: specdec-bench."""
+
+from specdec.cli.bench import console
+
+console()

@@ -1,0 +1,82 @@
+"""ms of one `score` of n tokens after a prefix, per model and batch: c_γ and the drafter/verifier c.
+
+Models are presets with random weights (`--vocab`, seeds 0, 1, … in the order given) or exported directories
+(the shipped pair: data/models/debian_drafter data/models/debian_verifier; a trained T5 pair: its export
+directories). A decoder-only model's cache holds `--prefix` positions of random tokens; a T5's decoder holds
+them after its encoder read an `--encoder_input`-token input once (untimed). Each figure is the median of
+`--repeats` jitted calls after a warm-up; only the logits are returned (the loops write n cache entries in
+place, which a non-donated cache would turn into a copy of the whole cache). Rows: ms, and relative to n = 1
+(c_γ = t(γ + 1) / t(1)); the table adds c = t_a(1) / t_b(1) for every pair of models, smaller over larger.
+
+  specdec-bench score --models 6m 97m                      # random presets (SpecTr's LM1B sizes)
+  specdec-bench score --models t5_tiny t5_mini t5_small --vocab 32128 --prefix 32
+  specdec-bench score --models data/models/debian_drafter data/models/debian_verifier --batch 1 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--models", nargs="+", default=["6m", "97m"], help="presets or export directories")
+  parser.add_argument("--vocab", type=int, default=32_000, help="the presets' vocabulary size")
+  parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 6, 8], help="n tokens per call")
+  parser.add_argument("--batch", type=int, nargs="+", default=[1])
+  parser.add_argument("--prefix", type=int, default=128, help="cached positions before the scored tokens")
+  parser.add_argument("--encoder_input", type=int, default=128, help="T5: encoder input tokens")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights and caches")
+  parser.add_argument("--repeats", type=int, default=20)
+
+
+def load(name: str, vocab_size: int, seed: int, max_length: int = 1024, dtype: str | None = None) -> tuple[str, Any]:
+  """(label, model): an exported model directory, or a preset with random weights."""
+  import jax.numpy as jnp
+
+  from specdec import models
+  from specdec.training import export_name, load_model
+  if os.path.isdir(name):
+    label, model = export_name(name), load_model(name)
+  else:
+    label, model = name, models.build(name, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  if dtype:
+    model, label = models.with_dtype(model, getattr(jnp, dtype)), f"{label} {dtype}"
+  return label, model
+
+
+def run(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], str]:
+  from specdec import models
+  from specdec.evaluation import bench
+  record = bench.new_record("score", command, keys=("model", "batch", "n"), prefix=args.prefix,
+                            encoder_input=args.encoder_input, repeats=args.repeats)
+  widths = sorted({1, *args.widths})
+  step, sizes = {}, {}
+  for seed, name in enumerate(args.models):
+    label, model = load(name, args.vocab, seed, args.prefix + max(widths) + 1, args.dtype)
+    sizes[label] = models.count_params(model)
+    for batch in args.batch:
+      seconds = bench.score_seconds(model, widths, batch=batch, prefix=args.prefix, repeats=args.repeats,
+                                    encoder_input=args.encoder_input)
+      step[label, batch] = seconds[1]
+      for n, t in seconds.items():
+        record["rows"].append({"model": label, "params": sizes[label], "batch": batch, "n": n, "ms": 1e3 * t,
+                               "relative": t / seconds[1]})
+      bench.log(f"{label} batch {batch}: " + ", ".join(f"n={n} {1e3 * t:.2f} ms" for n, t in seconds.items()))
+  lines = [f"`score` of n tokens after {args.prefix} cached positions (T5: after a {args.encoder_input}-token "
+           f"encoder input), median of {args.repeats} jitted calls; ms (relative to n = 1)", "",
+           "| model | params | batch | " + " | ".join(f"n={n}" for n in widths) + " |",
+           "|---|---:|---:|" + "---:|" * len(widths)]
+  for (label, batch), _ in step.items():
+    cells = {row["n"]: row for row in record["rows"] if row["model"] == label and row["batch"] == batch}
+    lines.append(f"| {label} | {sizes[label]:,} | {batch} | " + " | ".join(
+        f"{cells[n]['ms']:.2f} ({cells[n]['relative']:.2f})" for n in widths) + " |")
+  lines.append("")
+  for batch in args.batch:
+    for a, b in itertools.combinations(sizes, 2):
+      small, large = sorted((a, b), key=sizes.get)
+      lines.append(f"- c = {small} / {large} (one token each, batch {batch}): "
+                   f"{step[small, batch] / step[large, batch]:.3f}")
+  return record, "\n".join(lines) + "\n"
