@@ -14,7 +14,7 @@ one-token steps carry no relayout, the verifier's γ + 1-token calls one per K a
 
 Layouts: bhcd = [B, H, C, D] (the models' cache), bchd = [B, C, H, D]. Writes: scatter (one per-row scatter
 of the n tokens), per_token (n one-slot scatters). Attention: dot (einsum), reduce (multiply and sum in
-float32, no MXU).
+float32, no MXU), pallas (a Pallas TPU kernel per row and head reading the cache as it is stored).
 """
 
 from __future__ import annotations
@@ -43,9 +43,42 @@ def _write(layout: str, write: str, cache, new, slots):
   return jax.vmap(row_write)(cache, new, slots)
 
 
+def _attend_pallas(layout: str, keys, values, query, visible):
+  """The attention of `_attend` as a Pallas TPU kernel per (row, head): it reads the row's [C, D] keys and
+  values of the head from the cache in the layout the cache is stored in, so XLA has no layout to change."""
+  from jax.experimental import pallas as pl
+  b, n, h, d = query.shape
+  c = keys.shape[2] if layout == "bhcd" else keys.shape[1]
+
+  def kernel(q_ref, k_ref, v_ref, mask_ref, o_ref):
+    scores = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)               # [n, C]
+    scores = jnp.where(mask_ref[...] > 0, scores, -1e30)
+    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    o_ref[...] = jnp.dot(weights.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32
+                         ).astype(o_ref.dtype)
+
+  if layout == "bhcd":
+    cache_spec = pl.BlockSpec((None, None, c, d), lambda i, j: (i, j, 0, 0))
+  else:   # [B, C, H, D] seen as [B, C, H·D] (the same bytes): head j is the column block j, d lanes wide
+    cache_spec = pl.BlockSpec((None, c, d), lambda i, j: (i, 0, j))
+    keys, values = keys.reshape(b, c, h * d), values.reshape(b, c, h * d)
+  out = pl.pallas_call(
+      kernel, grid=(b, h),
+      in_specs=[pl.BlockSpec((None, None, n, d), lambda i, j: (i, j, 0, 0)), cache_spec, cache_spec,
+                pl.BlockSpec((None, n, c), lambda i, j: (i, 0, 0))],
+      out_specs=pl.BlockSpec((None, None, n, d), lambda i, j: (i, j, 0, 0)),
+      out_shape=jax.ShapeDtypeStruct((b, h, n, d), query.dtype),
+  )(query.transpose(0, 2, 1, 3), keys, values, visible.astype(jnp.int32))
+  return out.transpose(0, 2, 1, 3)
+
+
 def _attend(layout: str, attention: str, keys, values, query, visible):
   """Attention of query [B, n, H, D] over the cache where visible [B, n, C]: [B, n, H, D]."""
   cache = "bhcd" if layout == "bhcd" else "bchd"
+  if attention == "pallas":
+    return _attend_pallas(layout, keys, values, query, visible)
   if attention == "reduce":
     k = keys if layout == "bhcd" else keys.transpose(0, 2, 1, 3)
     v = values if layout == "bhcd" else values.transpose(0, 2, 1, 3)
@@ -110,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--layouts", nargs="+", default=["bhcd", "bchd"], choices=["bhcd", "bchd"])
   parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4], help="n new tokens per call")
   parser.add_argument("--write", default="scatter", choices=["scatter", "per_token"])
-  parser.add_argument("--attention", default="dot", choices=["dot", "reduce"])
+  parser.add_argument("--attention", default="dot", choices=["dot", "reduce", "pallas"])
   parser.add_argument("--order", default="write_first", choices=["write_first", "attend_first"],
                       help="write the new keys then attend over the cache (the models), or attend over the "
                            "committed cache and the new keys apart, then write")

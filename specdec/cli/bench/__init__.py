@@ -95,6 +95,9 @@ def _before_after(args: argparse.Namespace, sub_argv: list[str]) -> dict[str, An
   record.update(rows=rows, runs=records)
   table = (f"before: {args.before} ({records['before'][0]['commit']}), after: {after_commit}; medians over "
            f"{args.rounds} interleaved rounds, each a fresh process\n\n" + bench.markdown_table(rows))
+  for side, runs in records.items():   # what is not a figure (program --mesh: the sharded loop's collectives)
+    if "mesh" in runs[0]:
+      table += f"\n\n- {side}: " + "; ".join(f"{name} {value}" for name, value in runs[0]["mesh"].items())
   if args.out:
     bench.write_record(record, args.out, table)
   print("\n".join(bench.header(record)) + "\n\n" + table)
