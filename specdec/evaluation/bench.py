@@ -246,8 +246,12 @@ def run_in_tree(tree: str | os.PathLike, argv: Sequence[str], env: dict[str, str
   with tempfile.TemporaryDirectory() as out:
     stem = os.path.join(out, "record")
     code = "import sys; from specdec.cli.bench import main; main(sys.argv[1:])"
-    subprocess.run([sys.executable, "-c", code, *argv, "--out", stem], cwd=tree, check=True,
-                   env={**os.environ, **(env or {}), "PYTHONPATH": str(tree)})
+    try:
+      subprocess.run([sys.executable, "-c", code, *argv, "--out", stem], cwd=tree, check=True,
+                     env={**os.environ, **(env or {}), "PYTHONPATH": str(tree)})
+    except subprocess.CalledProcessError:
+      raise ValueError(f"specdec-bench {' '.join(argv)} failed on the library of {tree} (its error is above): a "
+                       "revision older than the library API the subcommand calls cannot be measured by it") from None
     with open(stem + ".json") as f:
       return json.load(f)
 
