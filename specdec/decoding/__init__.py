@@ -26,7 +26,7 @@ from specdec.decoding.common import Output, Stats
 from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_drafter, bigram_table
 from specdec.decoding.methods import METHODS, Bounds, Method, Param, count_bounds, register
-from specdec.models import partitioning
+from specdec.models import base, partitioning
 from specdec.models.base import Model
 from specdec.core.sampling import Sampling
 
@@ -206,17 +206,25 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
   args = (drafter, verifier) + loose
   return args, dict(method=method, static=tuple(sorted(spec.static(params).items())),
                     max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=positions, mesh=mesh,
-                    platform=platform)
+                    platform=platform, cache_layout=_cache_layout(platform))
+
+
+def _cache_layout(platform: str) -> str:
+  """The KV-cache layout of programs built for `platform` (`models.base.cache_layout`), decided before the
+  trace so that it keys the compiled program."""
+  with common.target_platform(platform):
+    return base.cache_layout()
 
 
 @functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh",
-                                             "platform"))
+                                             "platform", "cache_layout"))
 def _generate(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, traced, *, method, static,
-              max_new_tokens, eos_id, cache_length, mesh, platform) -> Output:
+              max_new_tokens, eos_id, cache_length, mesh, platform, cache_layout) -> Output:
   # Traced under the models' mesh, if any: the models then gather their logits over 'model' once per call
-  # (`partitioning.gather_vocab`); and for the models' platform (`common.target_platform`).
+  # (`partitioning.gather_vocab`); for the models' platform (`common.target_platform`), its caches in
+  # `cache_layout`.
   with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext(),
-        common.target_platform(platform)):
+        common.target_platform(platform), base.forced_cache_layout(cache_layout)):
     return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths,
                                   sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
                                   cache_length=cache_length, **traced, **dict(static))

@@ -14,8 +14,6 @@ and stops when every row is done.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from typing import Any, Callable
 
 import jax
@@ -25,6 +23,7 @@ from flax import struct
 
 from specdec import checks
 from specdec.decoding.drafters import Drafter
+from specdec.models import base
 from specdec.models.base import Model
 
 Array = jax.Array
@@ -205,24 +204,8 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   return jax.lax.switch(index, [branch(w) for w in sizes], cache)
 
 
-# The platform the program being traced is built for ("cpu", "gpu", "tpu"), set by `decoding` around the
-# trace (`target_platform`): a TPU program lowered on a CPU host must make the TPU's choices.
-_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_target_platform", default=None)
-
-
-@contextlib.contextmanager
-def target_platform(platform: str | None):
-  """Within: the loops trace for `platform` (None: this process's default backend)."""
-  token = _PLATFORM.set(platform)
-  try:
-    yield
-  finally:
-    _PLATFORM.reset(token)
-
-
-def platform() -> str:
-  """The platform the loops are traced for (`target_platform`, else this process's default backend)."""
-  return _PLATFORM.get() or jax.default_backend()
+# The platform the loops are traced for: `models.base`'s (the cache layout follows it too).
+target_platform, platform = base.target_platform, base.platform
 
 
 def narrow_calls() -> bool:

@@ -44,7 +44,7 @@ from flax import struct
 
 from specdec import rng
 from specdec import sampling as sampling_lib
-from specdec.models.base import Cache, Model, prefill, rollback
+from specdec.models.base import Cache, Model, prefill, rollback, row_axes
 
 Array = jax.Array
 
@@ -115,10 +115,14 @@ class BeamSearch:
     k = self.num_beams
     local = parent.reshape(-1, k)
 
-    def take(x: Array) -> Array:
-      grouped = x.reshape(local.shape[0], k, *x.shape[1:])
-      return jax.vmap(lambda copies, sources: copies[sources])(grouped, local).reshape(x.shape)
-    return jax.tree.map(take, tree)
+    def take(x: Array, axis: int) -> Array:   # rows on `axis` (a cache's: `base.row_axes`)
+      rows = jnp.moveaxis(x, axis, 0)
+      grouped = rows.reshape(local.shape[0], k, *rows.shape[1:])
+      taken = jax.vmap(lambda copies, sources: copies[sources])(grouped, local).reshape(rows.shape)
+      return jnp.moveaxis(taken, 0, axis)
+    is_cache = lambda x: isinstance(x, Cache)  # noqa: E731
+    axes = jax.tree.map(lambda x: row_axes(x) if is_cache(x) else 0, tree, is_leaf=is_cache)
+    return jax.tree.map(take, tree, axes)
 
 
 class Drafter:

@@ -283,26 +283,38 @@ def per_device_bytes(tree: Any) -> int:
 
 
 def _cache_sharding(leaf: Any, target: Mesh | Any, batch_size: int) -> Any:
-  """A KV-cache array's layout for a call compiled alone: rows over 'data', heads ([B, H, C, D]) over
-  'model' where the axes divide them (as the decode loop's partitioner lays them out)."""
+  """A KV-cache array's layout for a call compiled alone: rows over 'data', heads over 'model' where the
+  axes divide them (as the decode loop's partitioner lays them out): [B, H, C, D] (head-major), [C, B, H·D]
+  (slot-major, `base.empty_cache` on TPU), or another per-row array [B, …]."""
   if not isinstance(target, Mesh):
     return jax.sharding.SingleDeviceSharding(target)
   spec = [None] * leaf.ndim
-  if leaf.ndim and leaf.shape[0] == batch_size and batch_size % target.shape[partitioning.DATA] == 0:
-    spec[0] = partitioning.DATA
-  if leaf.ndim == 4 and leaf.shape[1] % target.shape[partitioning.MODEL] == 0:
-    spec[1] = partitioning.MODEL
+  rows, heads = (1, 2) if leaf.ndim == 3 else (0, 1)
+  if leaf.ndim > rows and leaf.shape[rows] == batch_size and batch_size % target.shape[partitioning.DATA] == 0:
+    spec[rows] = partitioning.DATA
+  if leaf.ndim in (3, 4) and leaf.shape[heads] % target.shape[partitioning.MODEL] == 0:
+    spec[heads] = partitioning.MODEL
   return NamedSharding(target, PartitionSpec(*spec))
 
 
 def _abstract_cache(model: Any, target: Mesh | Any, batch_size: int, cache_length: int) -> Any:
-  cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length))
+  with base.target_platform(_platform(target)):   # the target's cache layout (`base.cache_layout`)
+    cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length))
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_cache_sharding(x, target, batch_size)),
                       cache)
 
 
+def _platform(target: Mesh | Any) -> str:
+  """The platform of a mesh's or a device's chips ("tpu" for a topology's compile-only devices)."""
+  return (target.devices.flat[0] if isinstance(target, Mesh) else target).platform
+
+
+@contextlib.contextmanager
 def _under(target: Mesh | Any):
-  return jax.sharding.use_abstract_mesh(target.abstract_mesh) if isinstance(target, Mesh) else contextlib.nullcontext()
+  """Within: programs traced for `target`'s platform, on its mesh if it is one."""
+  with (jax.sharding.use_abstract_mesh(target.abstract_mesh) if isinstance(target, Mesh) else contextlib.nullcontext(),
+        base.target_platform(_platform(target))):
+    yield
 
 
 def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_length: int, n: int,

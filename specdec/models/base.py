@@ -30,6 +30,9 @@ cache never holds the prompt). Capabilities are declared fields of `Model` (`enc
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import jax
@@ -37,6 +40,50 @@ import jax.numpy as jnp
 from flax import struct
 
 Array = jax.Array
+
+# The platform the program being traced is built for ("cpu", "gpu", "tpu"), set around the trace
+# (`target_platform`; `decoding` sets it to the models' platform): a TPU program lowered on a CPU host must
+# make the TPU's choices — here the KV cache's layout (`empty_cache`), in the decode loops top-P's search.
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_target_platform", default=None)
+# Which cache layout `empty_cache` makes: "heads", "slots", or None (the platform's: `cache_layout`).
+_LAYOUT: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_cache_layout", default=None)
+CACHE_LAYOUTS = ("heads", "slots")
+
+
+@contextlib.contextmanager
+def target_platform(platform: str | None) -> Iterator[None]:
+  """Within: programs are traced for `platform` (None: this process's default backend)."""
+  token = _PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _PLATFORM.reset(token)
+
+
+def platform() -> str:
+  """The platform programs are traced for (`target_platform`, else this process's default backend)."""
+  return _PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def forced_cache_layout(layout: str | None) -> Iterator[None]:
+  """Within: `empty_cache` makes `layout`'s caches whatever the platform (None: the platform's). For tests:
+  the TPU layout decoded on the CPU, its attention computed by XLA."""
+  if layout is not None and layout not in CACHE_LAYOUTS:
+    raise ValueError(f"cache layout must be one of {CACHE_LAYOUTS}; got {layout!r}")
+  token = _LAYOUT.set(layout)
+  try:
+    yield
+  finally:
+    _LAYOUT.reset(token)
+
+
+def cache_layout() -> str:
+  """The layout `empty_cache` makes: "slots" for TPU programs — one [B, C, K·D] array per layer, the layout
+  the per-row slot writes want, read in place by `attention_kernel` (with XLA's attention dot the TPU compiler
+  relayouts every layer's cache on every call: experiments/tpu_v4_plan) — else "heads", [B, K, C, D] (with
+  [B, C, K, D] XLA:CPU transposed the whole cache in every layer of every call)."""
+  return _LAYOUT.get() or ("slots" if platform() == "tpu" else "heads")
 
 
 @struct.dataclass
@@ -50,7 +97,7 @@ class Scored:
 @struct.dataclass
 class Cache:
   """Per-model decoding state: the network's key/value arrays and the number of valid entries per row."""
-  kv: Any           # network-specific pytree, e.g. keys/values: one [B, heads, cache_length, head_dim] per layer
+  kv: Any           # network-specific pytree, e.g. keys/values: one array per layer (`empty_cache`'s layouts)
   lengths: Array    # [B] int32: entries [0, lengths[b]) of row b are valid
 
 
@@ -84,15 +131,22 @@ def key_positions(lengths: Array, positions: Array, cache_length: int) -> Array:
   return jnp.where(offset < 0, jnp.arange(cache_length, dtype=jnp.int32)[None, :], new)
 
 
+def cache_slots(keys: Array) -> int:
+  """C, the slots of one layer's cache array in either layout ([B, K, C, D] or [C, B, K·D])."""
+  return keys.shape[2] if keys.ndim == 4 else keys.shape[0]
+
+
 def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None = None,
            soft_cap: float | None = None) -> Array:
-  """Masked softmax attention of n queries over a head-major cache: query [B, n, H, D], keys and values
-  [B, K, C, D] with H = K·G (G query heads per key head, grouped as head k·G + g), visible [B, n, C]
-  (which keys each query sees), `bias` [B|1, H, n, C] added to the logits (T5's relative positions),
-  `soft_cap` c: logits → c·tanh(logits / c) (Gemma 2). Logits and softmax in float32, weights in the values'
-  dtype. Returns [B, n, H, D]. The query carries its own scale (models differ: 1/√D, a config scalar, or
-  none)."""
+  """Masked softmax attention of n queries over a cache: query [B, n, H, D], keys and values [B, K, C, D]
+  (head-major) or [B, C, K·D] (slot-major: `attention_kernel` on TPU) with H = K·G (G query heads per key
+  head, grouped as head k·G + g), visible [B, n, C] (which keys each query sees), `bias` [B|1, H, n, C] added
+  to the logits (T5's relative positions), `soft_cap` c: logits → c·tanh(logits / c) (Gemma 2). Logits and
+  softmax in float32, weights in the values' dtype. Returns [B, n, H, D]. The query carries its own scale
+  (models differ: 1/√D, a config scalar, or none)."""
   b, n, h, d = query.shape
+  if keys.ndim == 3:
+    return _attend_slot_major(query, keys, values, visible, bias=bias, soft_cap=soft_cap)
   k = keys.shape[1]
   if k == h:
     # The cache as the left operand: the product reads it in its stored layout.
@@ -113,27 +167,55 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Ar
   return grouped.reshape(b, n, h, d)
 
 
+def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None,
+                       soft_cap: float | None) -> Array:
+  """`attend` over [B, C, K·D] caches: the Pallas kernel where the program is lowered for TPU, XLA's
+  head-major attention over a transposed view elsewhere (the layout decoded on a CPU: tests)."""
+  from specdec.models import attention_kernel   # Pallas: imported only by programs that use the layout
+  b, n, h, d = query.shape
+  c, k = keys.shape[0], keys.shape[2] // d
+
+  def on_tpu(query, keys, values, visible, bias):
+    return attention_kernel.on_mesh(query, keys, values, visible, bias=bias, soft_cap=soft_cap)
+
+  def elsewhere(query, keys, values, visible, bias):
+    head_major = lambda x: x.reshape(c, b, k, d).transpose(1, 2, 0, 3)  # noqa: E731
+    return attend(query, head_major(keys), head_major(values), visible, bias=bias, soft_cap=soft_cap)
+
+  if not attention_kernel.reads_in_place(attention_kernel.local_key_heads(k), d):
+    return elsewhere(query, keys, values, visible, bias)
+  return jax.lax.platform_dependent(query, keys, values, visible, bias, tpu=on_tpu, default=elsewhere)
+
+
 def write_slots(cache: Array, new: Array, slots: Array) -> Array:
-  """cache [B, H, C, D] with row b's new entries new[b] [n, H, D] written at slots[b] [n] (dropped beyond C).
+  """cache [B, K, C, D] or [B, C, K·D] with row b's new entries new[b] [n, K, D] written at slots[b] [n]
+  (dropped beyond C).
 
   One row at a time under `vmap`: a scatter whose rows are a batch dimension, which the SPMD partitioner
   keeps on each row's device (a scatter indexed by row ids gathers every row's updates onto every device)."""
   def write_row(row: Array, entries: Array, row_slots: Array) -> Array:
+    if row.ndim == 2:   # slot-major: a slot's K·D entries are one row
+      return row.at[row_slots].set(entries.reshape(entries.shape[0], -1).astype(row.dtype), mode="drop")
     return row.at[:, row_slots].set(entries.transpose(1, 0, 2).astype(row.dtype), mode="drop")
+  if cache.ndim == 3:   # [C, B, K·D]: rows are axis 1
+    return jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)(cache, new, slots)
   return jax.vmap(write_row)(cache, new, slots)
 
 
 def empty_cache(batch_size: int, cache_length: int, *, max_length: int, num_layers: int, heads: int, head_dim: int,
                 dtype: Any) -> Cache:
-  """An empty decoder cache (lengths 0): keys and values, one [B, heads, cache_length, head_dim] array per
-  layer (an encoder-decoder adds its encoder's entries).
+  """An empty decoder cache (lengths 0): keys and values, one array per layer (an encoder-decoder adds its
+  encoder's entries) in the `cache_layout` of the platform traced for: [B, heads, cache_length, head_dim]
+  ("heads") or [B, cache_length, heads·head_dim] ("slots", TPU).
 
   One array per layer, so a layer's attention reads and updates its own buffer (a stacked [layers, …]
-  array is sliced per layer, a copy on XLA:CPU). Head-major, so attention reads each head's keys
-  contiguously: with [.., C, H, D] XLA:CPU transposed the whole cache in every layer of every call."""
+  array is sliced per layer, a copy on XLA:CPU)."""
   if not 1 <= cache_length <= max_length:
     raise ValueError(f"cache_length must lie in [1, max_length={max_length}]; got {cache_length}")
-  shape = (batch_size, heads, cache_length, head_dim)
+  if cache_layout() == "slots":
+    shape = (cache_length, batch_size, heads * head_dim)
+  else:
+    shape = (batch_size, heads, cache_length, head_dim)
   kv = {name: [jnp.zeros(shape, dtype) for _ in range(num_layers)] for name in ("keys", "values")}
   return Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
 
@@ -144,7 +226,7 @@ def new_entries(cache: Cache, tokens: Array, positions: Array | None, tree_mask:
   `empty_cache`'s layout: slots lengths[b] + i [B, n], position ids [B, n] (default the slots; a token tree
   gives siblings one id) and the visible slots [B, n, C] (`visible_slots`). Raises ValueError when n
   exceeds the cache."""
-  n, cache_length = tokens.shape[1], cache.kv["keys"][0].shape[2]
+  n, cache_length = tokens.shape[1], cache_slots(cache.kv["keys"][0])
   if n > cache_length:
     raise ValueError(f"cannot score {n} tokens with a cache of length {cache_length}")
   slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)
@@ -157,9 +239,12 @@ def copy_slots(cache: Cache, source_rows: Array, source_slots: Array, target_slo
   per-row encoder entries stay); lengths unchanged. What a model's `copy_slots` does (multi-draft loops
   keep one path of a scored token tree)."""
   rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
-  # x[rows, :, slots] is [B, n, H, D].
-  copied = {name: [x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop")
-                   for x in cache.kv[name]] for name in ("keys", "values")}
+
+  def copy(x: Array) -> Array:
+    if x.ndim == 3:   # slot-major: x[slots, rows] is [B, n, K·D]
+      return x.at[target_slots, rows].set(x[source_slots, source_rows], mode="drop")
+    return x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop")   # [B, n, K, D]
+  copied = {name: [copy(x) for x in cache.kv[name]] for name in ("keys", "values")}
   return cache.replace(kv={**cache.kv, **copied})
 
 
@@ -192,6 +277,18 @@ class DecoderOnly(Configured):
 
   def copy_slots(self, cache: Cache, source_rows: Array, source_slots: Array, target_slots: Array) -> Cache:
     return copy_slots(cache, source_rows, source_slots, target_slots)
+
+
+def row_axes(cache: Cache) -> Cache:
+  """The axis of each of the cache's arrays that holds its rows (a pytree of ints shaped like `cache`): 1 for
+  slot-major keys and values ([C, B, K·D]), 0 for every other array."""
+  def axis(x: Array) -> int:
+    return 1 if x.ndim == 3 else 0
+  if not isinstance(cache.kv, dict):   # a network's own state (the tests' toy models): rows first
+    return Cache(kv=jax.tree.map(lambda _: 0, cache.kv), lengths=0)
+  kv = {name: jax.tree.map(axis, value) if name in ("keys", "values") else jax.tree.map(lambda _: 0, value)
+        for name, value in cache.kv.items()}
+  return Cache(kv=kv, lengths=0)
 
 
 def rollback(cache: Cache, lengths: Array) -> Cache:

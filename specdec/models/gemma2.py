@@ -274,7 +274,7 @@ class Gemma2(base.DecoderOnly):
             tree_mask: Array | None = None) -> base.Scored:
     """Scores tokens [B, n] after each row's cache: `base.Scored` (`transformer.TransformerLM.score`: slots
     lengths[b] + i, `tree_mask` [B, n, n], position ids `positions` [B, n], default the slots)."""
-    n, cache_length = tokens.shape[1], cache.kv["keys"][0].shape[2]
+    n, cache_length = tokens.shape[1], base.cache_slots(cache.kv["keys"][0])
     slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
     key_positions = base.key_positions(cache.lengths, positions, cache_length)
     logits, (keys, values), hidden = self._apply(tokens, positions, visible, key_positions,

@@ -396,7 +396,7 @@ class T5(base.Configured):
     """
     kv = cache.kv
     slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
-    key_positions = base.key_positions(cache.lengths, positions, kv["keys"][0].shape[2])
+    key_positions = base.key_positions(cache.lengths, positions, base.cache_slots(kv["keys"][0]))
     logits, (keys, values), hidden = T5Network(self.config).apply(
         {"params": self.params}, tokens, positions, key_positions, visible, (kv["keys"], kv["values"], slots),
         (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]), method=T5Network.decode)

@@ -50,13 +50,16 @@ def test_speculative_program_for_a_v4_mesh_is_the_tpu_program(v4_8):
   # The TPU's top-p search (no loop) although this process's backend is the CPU: the decode loop and the
   # drafter's loop only. The CPU's search ("bisection") adds loops of its own (checked below).
   assert [loop.depth for loop in hlo.loops(program)] == [0, 1]
-  # No cache-sized buffer copied inside the loops (the in-place cache holds on TPU).
+  # No cache-sized buffer copied inside the loops (the in-place cache holds on TPU), nor relayouted inside a
+  # fusion: the caches are slot-major, [C, B, K·D], and attended by the Pallas kernel where they lie (one custom
+  # call per layer and call; with XLA's attention dot, one relayout per K and V of each layer and verification).
   cache_length = decoding.required_cache_length(decoding.METHODS["speculative"], dict(gamma=GAMMA), verifier,
                                                 decoding.as_drafter(drafter), PROMPT, NEW)
   per_layer = (BATCH // 2) * (2 // 2) * cache_length * 128
   for loop in hlo.loops(program):
-    assert hlo.moves(program, per_layer, scope=loop, include_fused=False,
+    assert hlo.moves(program, per_layer, scope=loop, include_fused=True,
                      shape_filter=hlo.dims_contain(cache_length)) == []
+  assert "tpu_custom_call" in compiled.as_text()
   # Each chip reads its share of the batch: the prompts enter as [B / data, L].
   parameters = [i for i in program.computations[program.entry] if i.op == "parameter"]
   prompt_shapes = {s.dims for i in parameters for s in i.shapes if s.dtype == "s32" and len(s.dims) == 2}

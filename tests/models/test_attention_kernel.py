@@ -1,0 +1,81 @@
+"""The slot-major KV cache ([C, B, K·D] per layer, TPU programs' `base.cache_layout`) and the Pallas kernel that
+attends over it in place (models/attention_kernel.py): the kernel, run by Pallas's interpreter on this CPU,
+computes `base.attend`'s attention (grouped queries, T5's bias, Gemma's soft cap, heads of 32 to 256), and every
+model decodes the same tokens with either layout (slot writes, tree-path copies, beam reorders). That the TPU
+program has no cache relayout is tests/tpu/test_plan.py's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding, models
+from specdec.models import attention_kernel, base
+
+# (rows, new tokens, key heads, query heads per key head, slots, head_dim, bias rows (0: none), soft cap)
+CASES = [(2, 4, 3, 1, 16, 128, 0, None),      # one 128-lane head per block
+         (2, 2, 2, 2, 24, 256, 0, 50.0),      # Gemma 2: grouped queries, soft cap, heads of 256
+         (2, 3, 4, 1, 16, 64, 1, None),       # T5: two heads of 64 per 128-lane block, a bias shared by rows
+         (3, 3, 4, 1, 8, 64, 3, None),        # a bias per row
+         (1, 5, 4, 2, 16, 32, 0, 5.0)]        # four heads of 32 per block
+
+
+@pytest.mark.parametrize("b, n, k, g, c, d, bias_rows, soft_cap", CASES)
+def test_the_kernel_attends_as_base_attend_does(b, n, k, g, c, d, bias_rows, soft_cap):
+  rng = np.random.default_rng(c + d)
+  keys, values = (jnp.asarray(rng.normal(size=(c, b, k * d)), jnp.float32) for _ in range(2))
+  query = jnp.asarray(rng.normal(size=(b, n, k * g, d)) * 0.3, jnp.float32)
+  visible = jnp.asarray(rng.random((b, n, c)) < 0.6).at[:, :, 0].set(True).at[0, 0].set(False)  # a row sees none
+  bias = jnp.asarray(rng.normal(size=(bias_rows, k * g, n, c)), jnp.float32) if bias_rows else None
+  head_major = lambda x: x.reshape(c, b, k, d).transpose(1, 2, 0, 3)  # noqa: E731
+  want = base.attend(query, head_major(keys), head_major(values), visible, bias=bias, soft_cap=soft_cap)
+  got = attention_kernel.attend(query, keys, values, visible, key_heads=k, bias=bias, soft_cap=soft_cap,
+                                interpret=True)
+  np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
+  # and `base.attend` on the slot-major arrays (XLA's attention off TPU) is the same function
+  np.testing.assert_allclose(base.attend(query, keys, values, visible, bias=bias, soft_cap=soft_cap), want,
+                             atol=1e-6, rtol=1e-6)
+
+
+def test_heads_that_make_no_whole_lane_block_are_left_to_xla():
+  with pytest.raises(ValueError, match="3 key heads of 64"):
+    attention_kernel.heads_per_block(3, 64)
+  assert [attention_kernel.heads_per_block(k, d) for k, d in [(8, 128), (8, 64), (4, 32), (4, 256)]] == [1, 2, 4, 1]
+  assert not attention_kernel.reads_in_place(2, 32)   # 64 lanes in all: XLA attends (test-sized models)
+
+
+def test_the_layout_follows_the_platform_traced_for_unless_forced():
+  shapes = {}
+  for platform, forced in [("cpu", None), ("tpu", None), ("cpu", "slots")]:
+    with base.target_platform(platform), base.forced_cache_layout(forced):
+      cache = base.empty_cache(2, 16, max_length=32, num_layers=1, heads=4, head_dim=8, dtype=jnp.float32)
+    shapes[platform, forced] = cache.kv["keys"][0].shape
+  assert shapes == {("cpu", None): (2, 4, 16, 8), ("tpu", None): (16, 2, 32), ("cpu", "slots"): (16, 2, 32)}
+  with pytest.raises(ValueError, match="cache layout must be one of"):
+    base.forced_cache_layout("rows").__enter__()
+
+
+# One decode per family, together covering every cache operation: slot writes and attention (all), a beam's
+# reorder of rows (dynamic_tree), a tree path's copy (dynamic_tree, specinfer), grouped queries (Gemma 2) and
+# an encoder-decoder (T5).
+RUNS = {"transformer": (("tiny", "tiny"), "dynamic_tree", 1.0, {"num_drafts": 2}),
+        "t5": (("t5_tiny", "t5_tiny"), "speculative", 1.0, {}),
+        "gemma2": (("gemma2_tiny", "gemma2_tiny"), "specinfer", 1.0, {"num_drafts": 2})}
+
+
+@pytest.mark.parametrize("family", sorted(RUNS))
+def test_every_model_decodes_the_same_tokens_from_a_slot_major_cache(family):
+  names, method, temperature, params = RUNS[family]
+  drafter, verifier = (models.build(name, vocab_size=64, seed=seed, max_length=64) for seed, name in enumerate(names, 1))
+  prompts = jnp.asarray(np.random.default_rng(0).integers(2, 64, (3, 8)), jnp.int32)
+  lengths = jnp.array([8, 5, 3])
+
+  def run() -> decoding.Output:
+    return decoding.generate(jax.random.PRNGKey(7), drafter, verifier, prompts, lengths, method=method, gamma=3,
+                             temperature=temperature, max_new_tokens=10, eos_id=None, **params)
+  heads = run()
+  with base.forced_cache_layout("slots"):
+    slots = run()
+  np.testing.assert_array_equal(slots.tokens, heads.tokens)
+  np.testing.assert_array_equal(slots.stats.accepted, heads.stats.accepted)
+  assert 0 < int(np.sum(heads.stats.accepted)) < int(np.sum(heads.stats.drafted))   # some drafts rejected
