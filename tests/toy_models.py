@@ -1,18 +1,39 @@
-"""A tiny model behind the `specdec.models.base` interface, for exact law tests of the decode loops.
+"""The tests' small models: a toy model behind the `specdec.models.base` interface, for exact law tests of the
+decode loops, and the random tiny drafter/verifier pairs that the decoding and drafter tests share.
 
-Its logits after position t depend on (t, x_{t−1}, x_t) through a random table, and it keeps a real
-token cache, so a wrong rollback (a stale draft read back), an off-by-one position or a wrongly kept tree path
-changes its output.
+The toy model's logits after position t depend on (t, x_{t−1}, x_t) through a random table, and it keeps a
+real token cache, so a wrong rollback (a stale draft read back), an off-by-one position or a wrongly kept tree
+path changes its output.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec import models
 from specdec.models.base import Cache, Scored
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(seed: int, vocab_size: int, max_length: int, *, scale: float = 1.0, preset: str = "tiny"):
+  """`models.build(preset, …)` with every weight multiplied by `scale` (random weights scaled up give
+  distributions far from uniform), built once per test process: models are immutable, so the tests that
+  ask for the same one share it. Tests that use one configuration (vocabulary, max_length, preset) also
+  share the compiled programs of the same calls (the jit cache and the run's persistent compilation cache
+  key on shapes, not on weights)."""
+  model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  return model if scale == 1.0 else models.with_params(model, jax.tree.map(lambda w: scale * w, model.params))
+
+
+def tiny_pair(vocab_size: int, max_length: int, *, seeds: tuple[int, int] = (5, 4), scale: float = 1.0,
+              preset: str = "tiny"):
+  """(drafter, verifier): two `tiny` models of one configuration, seeds (drafter's, verifier's)."""
+  return tuple(tiny(seed, vocab_size, max_length, scale=scale, preset=preset) for seed in seeds)
 
 
 @struct.dataclass

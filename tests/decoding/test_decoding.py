@@ -8,12 +8,16 @@ import numpy as np
 import pytest
 from flax import struct
 
-from specdec import decoding, models
+from specdec import decoding
 from specdec.models.acceptance_head import HeadConfig, init_head
-from tests.toy_models import PositionalTrigram
+from tests.toy_models import PositionalTrigram, tiny_pair
 
 V = 8
 N_NEW = 12
+# The greedy tests below decode batches of BATCH prompts of width WIDTH (and single rows) with the same γ, so
+# that they share their compiled decode loops (one per method, γ, batch and pair) instead of each compiling
+# its own: compilation is most of this file's time.
+BATCH, WIDTH = 8, 6
 
 
 def _toy_pair():
@@ -21,8 +25,7 @@ def _toy_pair():
 
 
 def _transformer_pair():
-  return (models.build("tiny", vocab_size=V, seed=3, max_length=96),
-          models.build("tiny", vocab_size=V, seed=4, max_length=96))
+  return tiny_pair(V, 96, seeds=(3, 4))
 
 
 PAIRS = {"toy": _toy_pair, "transformer": _transformer_pair}
@@ -73,7 +76,7 @@ def test_greedy_speculative_equals_verifier_greedy(pair, gamma, batch):
   rng = np.random.default_rng(gamma * 10 + batch)
   ambiguous = 0
   for _ in range(0, 200, batch):
-    prompts, lengths = _prompts(rng, batch, 6, V)
+    prompts, lengths = _prompts(rng, batch, WIDTH, V)
     want = _greedy(None, verifier, prompts, lengths)
     got = _greedy(drafter, verifier, prompts, lengths, method="speculative", gamma=gamma)
     ambiguous += assert_same_greedy(got, want, verifier, prompts, lengths)
@@ -85,7 +88,7 @@ def test_greedy_speculative_equals_verifier_greedy(pair, gamma, batch):
 def test_identical_models_accept_every_draft(pair):
   _, verifier = PAIRS[pair]()
   rng = np.random.default_rng(0)
-  prompts, lengths = _prompts(rng, 16, 5, V)
+  prompts, lengths = _prompts(rng, BATCH, WIDTH, V)
   for gamma in (1, 3, 7):
     out = _greedy(verifier, verifier, prompts, lengths, method="speculative", gamma=gamma)
     stats = jax.tree.map(np.asarray, out.stats)
@@ -131,10 +134,10 @@ def test_speculative_counters_are_consistent(rule, alpha):
                          ("seq_cascade", "spec"), ("autoregressive", "spec")]])
 def test_batch_invariance_greedy(method, rule, pair):
   drafter, verifier = PAIRS[pair]()
-  prompts, lengths = _prompts(np.random.default_rng(2), 6, 6, V)
+  prompts, lengths = _prompts(np.random.default_rng(2), BATCH, WIDTH, V)
   kw = dict(method=method, rule=rule, alpha=0.3, gamma=3)
   batched = _greedy(drafter, verifier, prompts, lengths, **kw)
-  for b in range(6):
+  for b in range(BATCH):
     alone = _greedy(drafter, verifier, prompts[b:b + 1], lengths[b:b + 1], **kw)
     np.testing.assert_array_equal(batched.tokens[b], alone.tokens[0])
     for name in decoding.common.STAT_NAMES:
@@ -261,7 +264,7 @@ def test_bad_input_raises():
 def test_seq_cascade_defers_whole_responses_at_the_alpha_limits(pair):
   """Greedy: α = 0 defers every response (Π max q < 1) to the verifier; α → 1 keeps the drafter's."""
   drafter, verifier = PAIRS[pair]()
-  prompts, lengths = _prompts(np.random.default_rng(8), 8, 5, V)
+  prompts, lengths = _prompts(np.random.default_rng(8), BATCH, WIDTH, V)
   verifier_alone = _greedy(None, verifier, prompts, lengths)
   drafter_alone = _greedy(None, drafter, prompts, lengths)
   always = _greedy(drafter, verifier, prompts, lengths, method="seq_cascade", alpha=0.0)
@@ -281,7 +284,7 @@ def test_bild_rollback_and_fallback_limits(pair):
   fallback that never fires and α above every D, each window of γ drafts is kept and the verifier adds
   one token per window."""
   drafter, verifier = PAIRS[pair]()
-  prompts, lengths = _prompts(np.random.default_rng(9), 8, 5, V)
+  prompts, lengths = _prompts(np.random.default_rng(9), BATCH, WIDTH, V)
   strict = _greedy(drafter, verifier, prompts, lengths, method="bild", alpha=0.0, gamma=3)
   np.testing.assert_array_equal(strict.tokens, _greedy(None, verifier, prompts, lengths).tokens)
   np.testing.assert_array_equal(strict.stats.accepted, 0)
@@ -298,13 +301,23 @@ def test_bild_rollback_and_fallback_limits(pair):
   np.testing.assert_array_equal(cautious.tokens, _greedy(None, verifier, prompts, lengths).tokens)
 
 
+REFERENCE_WIDTH = 48
+
+
+def _next_token_probs(model, tokens):
+  """The teacher-forced distribution of the token after `tokens` (a list). The sequence is padded on the
+  right to REFERENCE_WIDTH, which leaves the logits of its positions unchanged (a position's logits read only
+  positions up to it), so that every call has one shape and the eager ops compile once, not once per length."""
+  padded = jnp.asarray(tokens + [0] * (REFERENCE_WIDTH - len(tokens)))[None]
+  return np.asarray(jax.nn.softmax(model.logits(padded)[0, len(tokens) - 1]))
+
+
 def _greedy_reference(drafter, verifier, prompt, n_new, step):
   """Runs `step(q_raw, p_raw, state) -> (token, state)` on teacher-forced logits, one token at a time."""
   tokens, state = list(prompt), None
   for _ in range(n_new):
-    seq = jnp.asarray(tokens)[None]
-    q_raw = np.asarray(jax.nn.softmax(drafter.logits(seq)[0, -1]))
-    p_raw = np.asarray(jax.nn.softmax(verifier.logits(seq)[0, -1]))
+    q_raw = _next_token_probs(drafter, tokens)
+    p_raw = _next_token_probs(verifier, tokens)
     token, state = step(q_raw, p_raw, state)
     tokens.append(token)
   return tokens[len(prompt):]
@@ -344,17 +357,17 @@ def test_bild_greedy_matches_reference(alpha, fallback_alpha):
     while len(want) < n_new:
       window = []
       for _ in range(gamma):  # fallback phase
-        q_raw = np.asarray(jax.nn.softmax(drafter.logits(jnp.asarray(tokens + window)[None])[0, -1]))
+        q_raw = _next_token_probs(drafter, tokens + window)
         if q_raw.max() < 1 - fallback_alpha:
           break
         window.append(int(np.argmax(q_raw)))
       kept = []
       for x in window:  # rollback phase
-        p_raw = np.asarray(jax.nn.softmax(verifier.logits(jnp.asarray(tokens + kept)[None])[0, -1]))
+        p_raw = _next_token_probs(verifier, tokens + kept)
         if -np.log(p_raw[x]) > alpha:
           break
         kept.append(x)
-      p_raw = np.asarray(jax.nn.softmax(verifier.logits(jnp.asarray(tokens + kept)[None])[0, -1]))
+      p_raw = _next_token_probs(verifier, tokens + kept)
       block = kept + [int(np.argmax(p_raw))]
       tokens += block
       want += block

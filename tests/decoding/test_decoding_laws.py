@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, models, sampling, targets, verify
+from specdec import decoding, sampling, targets, verify
 from tests.stats import assert_law
-from tests.toy_models import PositionalTrigram
+from tests.toy_models import PositionalTrigram, tiny_pair
 
 V, N_NEW, SAMPLES = 4, 3, 100_000
 PROMPTS = jnp.array([[1, 2, 3, 0], [2, 0, 0, 0]], jnp.int32)   # two rows, lengths 3 and 1
@@ -22,10 +22,7 @@ LENGTHS = jnp.array([3, 1], jnp.int32)
 PAIRS = {
     "toy": (PositionalTrigram.random(1, V), PositionalTrigram.random(2, V)),
     # scaled-up random weights so the tiny transformer's distributions are far from uniform
-    "transformer": tuple(
-        models.with_params(m, jax.tree.map(lambda w: 4.0 * w, m.params))
-        for m in (models.build("tiny", vocab_size=V, seed=1, max_length=32),
-                  models.build("tiny", vocab_size=V, seed=2, max_length=32))),
+    "transformer": tiny_pair(V, 32, seeds=(1, 2), scale=4.0),
 }
 
 

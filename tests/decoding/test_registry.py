@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, models, sampling
+from specdec import decoding, sampling
 from specdec.evaluation import grid, pareto, sweep
 from tests import doc_examples
+from tests.toy_models import tiny
 
 V = 16
 
@@ -30,7 +31,7 @@ def toy(monkeypatch):
 
 
 def test_a_method_registered_in_a_test_runs_through_generate(toy, eos_id=None):
-  verifier = models.build("tiny", vocab_size=V, seed=2, max_length=64)
+  verifier = tiny(2, V, 64)
   prompts = jnp.asarray(np.random.default_rng(0).integers(0, V, (3, 5)), jnp.int32)
   greedy = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, method="autoregressive",
                              temperature=0.0, max_new_tokens=3, eos_id=None)
@@ -65,8 +66,10 @@ def test_a_method_registered_in_a_test_runs_through_a_sweep_and_the_tables(toy, 
       verifier=grid.ModelSource(preset="tiny", seed=2, max_length=96), task="debian_synopsis", source="sample",
       families=[grid.Family("Toy", "repeat_toy", params={"times": [1, 2], "shift": [0.0, 0.5]}),
                 grid.Family("SD", "speculative", gammas=[2])],
-      n_examples=2, batch_size=2, max_new_tokens=4, max_prompt_tokens=48, n_latency_examples=1,
+      n_examples=2, batch_size=1, max_new_tokens=4, max_prompt_tokens=48, n_latency_examples=1,
       latency_trials=1, temperatures=[0.0], output=str(tmp_path / "results.jsonl"))
+  # Batches of 1: the quality batches run the program that the latency examples (batch 1) run, one
+  # compilation per point instead of two.
   with pytest.raises(ValueError, match="family 'Toy'.*times"):
     grid.expand_grid(experiment.__class__(**{**experiment.__dict__, "families": [
         grid.Family("Toy", "repeat_toy", params={"times": [0]})]}))
@@ -89,7 +92,7 @@ def test_sampling_is_one_checked_value():
   assert s.temperature.dtype == jnp.float32 and s.top_k == 3
   with pytest.raises(ValueError, match="top_p"):
     sampling.Sampling(top_p=0.0).checked()
-  verifier = models.build("tiny", vocab_size=V, seed=2, max_length=64)
+  verifier = tiny(2, V, 64)
   prompts = jnp.zeros((1, 3), jnp.int32)
   with pytest.raises(ValueError, match="either sampling= or temperature"):
     decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, method="autoregressive",
@@ -102,7 +105,7 @@ def test_sampling_is_one_checked_value():
 
 
 def test_any_drafter_object_drafts_for_speculative_decoding_and_keeps_the_verifiers_output():
-  verifier = models.build("tiny", vocab_size=V, seed=2, max_length=64)
+  verifier = tiny(2, V, 64)
   prompts = jnp.asarray(np.random.default_rng(1).integers(0, V, (4, 6)), jnp.int32)
   greedy = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, method="autoregressive",
                              temperature=0.0, max_new_tokens=10, eos_id=None)

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, models, sampling, targets, verify
+from specdec import decoding, sampling, targets, verify
 from tests.stats import assert_law, random_distributions, sequence_codes, sequence_law
-from tests.toy_models import PositionalTrigram
+from tests.toy_models import PositionalTrigram, tiny, tiny_pair
 
 
 def _csd_law(q_lower, p, lenience):
@@ -108,8 +108,7 @@ CASCADES = [dict(model_drafts=None, lower_gamma=3, lenience=1.0),    # vertical
 @pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 8])
 @pytest.mark.parametrize("cascade", CASCADES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_greedy_cs_drafting_equals_the_verifiers_greedy(batch, cascade):
-  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=128)
-  drafter = models.build("tiny", vocab_size=12, seed=5, max_length=128)
+  drafter, verifier = tiny_pair(12, 128)
   rng = np.random.default_rng(batch)
   prompts = jnp.asarray(np.tile(rng.integers(0, 12, (batch, 4)), (1, 3)), jnp.int32)   # repetitive prompts
   lengths = jnp.asarray(rng.integers(5, 13, batch), jnp.int32)
@@ -139,8 +138,7 @@ def test_cs_drafting_sampling_keeps_the_verifiers_sequence_law(cascade):
 def test_batched_rows_progress_independently():
   """B = 8 rows with different prompts (so different match lengths) in one loop give each row what it
   gives alone."""
-  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=128)
-  drafter = models.build("tiny", vocab_size=12, seed=5, max_length=128)
+  drafter, verifier = tiny_pair(12, 128)
   rng = np.random.default_rng(3)
   prompts = np.concatenate([np.tile(rng.integers(0, 12, (8, 3)), (1, 4)), rng.integers(0, 12, (8, 2))], 1)
   prompts[::2] = rng.integers(0, 12, (4, 14))                          # half the rows do not repeat
@@ -159,7 +157,7 @@ def test_batched_rows_progress_independently():
 
 
 def test_bad_cascade_arguments_are_refused():
-  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=64)
+  verifier = tiny(4, 12, 64)
   prompts = jnp.zeros((1, 4), jnp.int32)
   for bad, match in [(dict(model_drafts=6), "model_drafts"), (dict(lenience=0.5), "lenience"),
                      (dict(lower_gamma=-1), "lower_gamma")]:
@@ -175,8 +173,7 @@ def test_bad_cascade_arguments_are_refused():
 
 def test_a_three_level_vertical_cascade_keeps_the_verifiers_greedy_output():
   """verifier ← model A ← (model B ← Max-Gram): the recursion of CSD's Alg. 1, through the Drafter interface."""
-  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=128)
-  middle, bottom = (models.build("tiny", vocab_size=12, seed=s, max_length=128) for s in (5, 6))
+  verifier, middle, bottom = (tiny(seed, 12, 128) for seed in (4, 5, 6))
   rng = np.random.default_rng(7)
   prompts = jnp.asarray(np.tile(rng.integers(0, 12, (4, 4)), (1, 3)), jnp.int32)
   lengths = jnp.asarray(rng.integers(5, 13, 4), jnp.int32)
@@ -195,7 +192,7 @@ def test_a_cascade_of_t5_stages_sizes_decoder_caches_without_the_prompt():
   the verifier and in every stage of a vertical cascade over T5 models: the run needs 1 + max_new_tokens +
   the overhangs, whatever the encoder input's width (48 here, beyond the decoders' 32 positions), and
   greedy speculative decoding with it equals the verifier's greedy decoding."""
-  verifier, upper, lower = (models.build("t5_tiny", vocab_size=16, seed=seed, max_length=32) for seed in (0, 1, 2))
+  verifier, upper, lower = (tiny(seed, 16, 32, preset="t5_tiny") for seed in (0, 1, 2))
   cascade = decoding.VerticalCascade(upper, decoding.ModelDrafter(lower), lower_gamma=2)
   method, params, n_new = decoding.METHODS["speculative"], dict(rule="spec", alpha=0.0, gamma=3), 6
   needed = decoding.required_cache_length(method, params, verifier, cascade, prompt_width=48, max_new_tokens=n_new)

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, models, sampling
+from specdec import decoding, sampling
 from tests.stats import assert_law, sequence_codes, sequence_law
-from tests.toy_models import PositionalTrigram
+from tests.toy_models import PositionalTrigram, tiny
 
 
 def _propose(drafter, prompt, gamma):
@@ -47,7 +47,7 @@ def test_max_gram_without_a_match_follows_the_bigram_table_or_repeats():
 
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_greedy_speculative_with_max_gram_equals_the_verifiers_greedy(gamma):
-  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=96)
+  verifier = tiny(4, 12, 96)
   rng = np.random.default_rng(0)
   prompts = jnp.asarray(np.tile(rng.integers(0, 12, (6, 4)), (1, 3)), jnp.int32)   # repetitive prompts
   lengths = jnp.asarray(rng.integers(5, 13, 6), jnp.int32)
@@ -85,7 +85,7 @@ def test_gated_max_gram_drafts_only_where_the_text_repeats():
 
 def test_greedy_speculative_with_gated_max_gram_equals_the_verifiers_greedy():
   """Rows draft 0 or γ tokens (the verifier scores the longest row's block), B = 8, half the rows repeating."""
-  verifier = models.build("tiny", vocab_size=12, seed=4, max_length=96)
+  verifier = tiny(4, 12, 96)
   rng = np.random.default_rng(0)
   prompts = np.tile(rng.integers(0, 12, (8, 4)), (1, 3))
   prompts[::2] = rng.integers(0, 12, (4, 12))                           # half the rows do not repeat
@@ -117,7 +117,7 @@ def test_speculative_sampling_with_gated_max_gram_keeps_the_verifiers_sequence_l
 def test_a_drafter_reading_the_prompt_unlike_the_verifier_is_refused():
   """Both caches are committed to the verifier's lengths: a drafter that holds the prompt (Max-Gram, a
   decoder-only model) cannot serve an encoder-decoder verifier, nor mix with one in a cascade."""
-  t5_model = models.build("t5_tiny", vocab_size=16, seed=0, max_length=32)
+  t5_model = tiny(0, 16, 32, preset="t5_tiny")
   prompts = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(ValueError, match="both be decoder-only or both encoder-decoder"):
     decoding.generate(jax.random.PRNGKey(0), decoding.MaxGram(16), t5_model, prompts, method="speculative",

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, models, sampling, tree
+from specdec import decoding, sampling, tree
 from specdec.decoding import multi_draft
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.models import feature_head
 from tests.stats import assert_law, chi2_pvalue, sequence_codes, sequence_law
-from tests.toy_models import PositionalTrigram
+from tests.toy_models import PositionalTrigram, tiny, tiny_pair
 
 
 def _reference_beams(drafter, prompt, num_beams, gamma):
@@ -126,7 +126,7 @@ def test_greedy_equals_the_verifiers_greedy_and_beams_accept_more_than_one_chain
 
 
 def test_greedy_with_transformers_equals_the_verifiers_greedy():
-  drafter, verifier = (models.build("tiny", vocab_size=12, seed=seed, max_length=128) for seed in (5, 4))
+  drafter, verifier = tiny_pair(12, 128)
   prompts = jnp.asarray(np.random.default_rng(1).integers(0, 12, (2, 5)), jnp.int32)
   stats = _greedy(drafter, verifier, prompts, jnp.asarray([5, 2], jnp.int32), gamma=3, num_drafts=4,
                   max_new_tokens=16)
@@ -137,8 +137,7 @@ def test_greedy_with_transformers_equals_the_verifiers_greedy():
 def test_greedy_with_a_feature_drafter_equals_the_verifiers_greedy(preset):
   """EAGLE-2's pairing: the head's beams over a transformer and over T5's decoder (T5 gives the head its
   decoder's hidden states; its prompt is the encoder's)."""
-  verifier = models.build(preset, vocab_size=32, seed=2, max_length=32)
-  verifier = models.with_params(verifier, jax.tree.map(lambda w: 3.0 * w, verifier.params))
+  verifier = tiny(2, 32, 32, scale=3.0, preset=preset)
   head = feature_head.init(verifier, jax.random.PRNGKey(0))
   drafter = FeatureDrafter(head.replace(params=jax.tree.map(lambda w: 3.0 * w, head.params)), verifier)
   prompts = jnp.asarray(np.random.default_rng(3).integers(2, 32, (4, 6)), jnp.int32)

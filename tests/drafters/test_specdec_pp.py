@@ -14,11 +14,11 @@ from specdec.data import tasks
 from specdec.models.acceptance_head import AcceptanceHead, HeadConfig, init_head
 from specdec.training import acceptance
 from tests.stats import assert_law, sequence_codes, sequence_law
+from tests.toy_models import tiny_pair
 
 
 def _pair(vocab, max_length=96):
-  return (models.build("tiny", vocab_size=vocab, seed=5, max_length=max_length),
-          models.build("tiny", vocab_size=vocab, seed=4, max_length=max_length))
+  return tiny_pair(vocab, max_length)
 
 
 def _head(drafter, *, seed=0, bias=None, depth=1):
@@ -139,8 +139,10 @@ def test_a_sweep_runs_specdec_pp_with_the_drafters_head(tmp_path):
   from specdec.evaluation import grid, sweep
   drafter = models.build("tiny", vocab_size=8192, seed=1)
   acceptance.save_head(str(tmp_path / "head"), _head(drafter, seed=1))
+  # Batches of 1: the quality batches run the latency examples' program, one compilation per point, not two.
   bindings = ["Experiment.families = [@specdec_pp/Family()]", "specdec_pp/Family.params = "
-              "{'stop_threshold': [0.2, 0.8], 'max_gamma': [3]}", "Experiment.n_latency_examples = 1"]
+              "{'stop_threshold': [0.2, 0.8], 'max_gamma': [3]}", "Experiment.n_latency_examples = 1",
+              "Experiment.batch_size = 1"]
 
   def parse(output, *extra):
     gin.clear_config()

@@ -330,8 +330,8 @@ def test_gemma_miniature_sweeps_few_shot_prompts_to_the_rejection_plot(tmp_path)
   try:
     experiment = grid.parse_gin(["configs/experiments/miniature_gemma_synopsis.gin"], [
         f"Experiment.output = '{tmp_path}/results.jsonl'", "Experiment.families = [@lossy/Family(), @token_v3/Family()]",
-        "PROBABILITY_ALPHAS = [0.5]", "Experiment.n_examples = 4", "Experiment.batch_size = 4",
-        "Experiment.n_latency_examples = 1"])
+        "PROBABILITY_ALPHAS = [0.5]", "Experiment.n_examples = 4", "Experiment.batch_size = 1",
+        "Experiment.n_latency_examples = 1"])   # batch 1: the latency examples' program, compiled once
   finally:
     gin.clear_config()
   workload = sweep.load_workload(experiment)
@@ -361,8 +361,10 @@ def test_a_sweep_names_a_feature_head_as_its_drafter(tmp_path):
       verifier=grid.ModelSource(path="data/models/debian_verifier"), task="debian_synopsis", source="sample",
       families=[grid.Family("Large", "autoregressive"), grid.Family("SpecDecode", "speculative"),
                 grid.Family("DynamicTree", "dynamic_tree", params={"num_drafts": [2]})],
-      n_examples=2, batch_size=2, max_new_tokens=6, n_latency_examples=1, latency_trials=1, temperatures=(0.0,),
+      n_examples=2, batch_size=1, max_new_tokens=6, n_latency_examples=1, latency_trials=1, temperatures=(0.0,),
       gammas=(2,), output=str(tmp_path / "results.jsonl"))
+  # Batches of 1: the quality batches run the latency examples' program (batch 1), one compilation per
+  # point instead of two.
   assert {setting.drafter for setting, _ in plan.sweep_settings(experiment, verifier="small", vocab_size=8192)} == {None, plan.FEATURE}
   records = {r["family"]: r for r in sweep.run(experiment, progress=False)}
   assert sorted(records) == ["DynamicTree", "Large", "SpecDecode"]

@@ -298,10 +298,13 @@ def _assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=
   return ambiguous
 
 
-def test_greedy_speculative_equals_verifier_greedy():
-  """8 prompts at batch 4 and one at a time, γ ∈ {1, 3}, against the verifier's greedy decoding at
-  batch 4. The encoder inputs (width 40) are longer than the decoder cache (max_length 32): an
-  encoder-decoder's prompt takes one decoder position."""
+# γ = 3 in the default run; γ = 1 (the same loop with one draft per block, which tests/decoding/test_decoding.py
+# checks at batch 8 for decoder-only pairs) is slow (make test-slow).
+@pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 3])
+def test_greedy_speculative_equals_verifier_greedy(gamma):
+  """8 prompts at batch 4 and one at a time, against the verifier's greedy decoding at batch 4. The encoder
+  inputs (width 40) are longer than the decoder cache (max_length 32): an encoder-decoder's prompt takes one
+  decoder position."""
   drafter, verifier = _pair(V)
   rng = np.random.default_rng(0)
   ambiguous = rejected = 0
@@ -310,13 +313,12 @@ def test_greedy_speculative_equals_verifier_greedy():
     prompts = np.where(np.arange(40) < lengths[:, None], rng.integers(2, V, size=(4, 40)), 0).astype(np.int32)
     want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive",
                              temperature=0.0, max_new_tokens=N_NEW, eos_id=None)
-    for gamma in (1, 3):
-      for rows in [slice(0, 4)] + [slice(b, b + 1) for b in range(4)]:
-        got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts[rows], lengths[rows],
-                                method="speculative", gamma=gamma, temperature=0.0, max_new_tokens=N_NEW, eos_id=None)
-        ambiguous += _assert_same_greedy(got.tokens, want.tokens[rows], verifier, prompts[rows], lengths[rows])
-        rejected += int(np.asarray(got.stats.rejected).sum())
-        np.testing.assert_array_equal(got.lengths, N_NEW)
+    for rows in [slice(0, 4)] + [slice(b, b + 1) for b in range(4)]:
+      got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts[rows], lengths[rows],
+                              method="speculative", gamma=gamma, temperature=0.0, max_new_tokens=N_NEW, eos_id=None)
+      ambiguous += _assert_same_greedy(got.tokens, want.tokens[rows], verifier, prompts[rows], lengths[rows])
+      rejected += int(np.asarray(got.stats.rejected).sum())
+      np.testing.assert_array_equal(got.lengths, N_NEW)
   assert ambiguous <= 1 and rejected > 0
 
 
