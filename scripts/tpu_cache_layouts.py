@@ -2,7 +2,9 @@
 
 A bare loop, compiled for one TPU v4 chip on this CPU (libtpu's compile-only devices, `plan.topology`): each
 of `--steps` iterations writes n = `--tokens` new keys and values per row at that row's own slots (a per-row
-scatter, as `models.base.write_slots`) into every layer's cache, then attends over the cache. The HLO of the
+scatter, as `models.base.write_slots`) into every layer's cache, then attends over the cache. The caches are
+made inside the program, as the decode programs make theirs (XLA then lays them out as it likes; caches passed
+in as arguments keep the caller's row-major layout, and cost copies where XLA's scatter wants another). The HLO of the
 compiled loop (`evaluation.hlo`) counts the copies of cache-sized arrays: materialized, fused (a relayout
 inside a fusion) and asynchronous (HBM <-> on-chip memory), inside the loop and outside it.
 
@@ -12,9 +14,10 @@ one-token steps carry no relayout, the verifier's γ + 1-token calls one per K a
   python scripts/tpu_cache_layouts.py                       # n = 1 and n = 4, both layouts
   python scripts/tpu_cache_layouts.py --tokens 4 --heads 16 --head_dim 64 --write per_token
 
-Layouts: bhcd = [B, H, C, D] (the models' cache), bchd = [B, C, H, D]. Writes: scatter (one per-row scatter
-of the n tokens), per_token (n one-slot scatters). Attention: dot (einsum), reduce (multiply and sum in
-float32, no MXU), pallas (a Pallas TPU kernel per row and head reading the cache as it is stored).
+Layouts: bhcd = [B, H, C, D] (the models' cache on CPU/GPU), bchd = [B, C, H, D], slots = [C, B, H·D] (the
+models' cache on TPU: `base.write_slots` and `models/attention_kernel.py`'s Pallas kernel, whatever
+`--write` and `--attention` say). Writes: scatter (one per-row scatter of the n tokens), per_token (n one-slot
+scatters). Attention: dot (einsum), reduce (multiply and sum in float32, no MXU).
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ import jax
 import jax.numpy as jnp
 
 from specdec.evaluation import hlo, plan
+from specdec.models import attention_kernel, base
 
 
 def _write(layout: str, write: str, cache, new, slots):
   """cache with new [B, n, H, D] at slots [B, n] of each row (dropped beyond the cache)."""
+  if layout == "slots":
+    return base.write_slots(cache, new, slots)
   if write == "per_token":
     axis = 1 if layout == "bhcd" else 0
     for j in range(new.shape[1]):
@@ -43,42 +49,11 @@ def _write(layout: str, write: str, cache, new, slots):
   return jax.vmap(row_write)(cache, new, slots)
 
 
-def _attend_pallas(layout: str, keys, values, query, visible):
-  """The attention of `_attend` as a Pallas TPU kernel per (row, head): it reads the row's [C, D] keys and
-  values of the head from the cache in the layout the cache is stored in, so XLA has no layout to change."""
-  from jax.experimental import pallas as pl
-  b, n, h, d = query.shape
-  c = keys.shape[2] if layout == "bhcd" else keys.shape[1]
-
-  def kernel(q_ref, k_ref, v_ref, mask_ref, o_ref):
-    scores = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)               # [n, C]
-    scores = jnp.where(mask_ref[...] > 0, scores, -1e30)
-    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    o_ref[...] = jnp.dot(weights.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32
-                         ).astype(o_ref.dtype)
-
-  if layout == "bhcd":
-    cache_spec = pl.BlockSpec((None, None, c, d), lambda i, j: (i, j, 0, 0))
-  else:   # [B, C, H, D] seen as [B, C, H·D] (the same bytes): head j is the column block j, d lanes wide
-    cache_spec = pl.BlockSpec((None, c, d), lambda i, j: (i, 0, j))
-    keys, values = keys.reshape(b, c, h * d), values.reshape(b, c, h * d)
-  out = pl.pallas_call(
-      kernel, grid=(b, h),
-      in_specs=[pl.BlockSpec((None, None, n, d), lambda i, j: (i, j, 0, 0)), cache_spec, cache_spec,
-                pl.BlockSpec((None, n, c), lambda i, j: (i, 0, 0))],
-      out_specs=pl.BlockSpec((None, None, n, d), lambda i, j: (i, j, 0, 0)),
-      out_shape=jax.ShapeDtypeStruct((b, h, n, d), query.dtype),
-  )(query.transpose(0, 2, 1, 3), keys, values, visible.astype(jnp.int32))
-  return out.transpose(0, 2, 1, 3)
-
-
 def _attend(layout: str, attention: str, keys, values, query, visible):
   """Attention of query [B, n, H, D] over the cache where visible [B, n, C]: [B, n, H, D]."""
   cache = "bhcd" if layout == "bhcd" else "bchd"
-  if attention == "pallas":
-    return _attend_pallas(layout, keys, values, query, visible)
+  if layout == "slots":   # the models' TPU layout: attended in place by their Pallas kernel
+    return attention_kernel.attend(query, keys, values, visible, key_heads=query.shape[2])
   if attention == "reduce":
     k = keys if layout == "bhcd" else keys.transpose(0, 2, 1, 3)
     v = values if layout == "bhcd" else values.transpose(0, 2, 1, 3)
@@ -127,23 +102,24 @@ def compiled_loop(args: argparse.Namespace, layout: str, tokens: int) -> str:
       written.append((keys, values))
     return written, lengths + tokens, x
 
-  def run(caches, lengths, x):
-    return jax.lax.fori_loop(0, args.steps, step, (caches, lengths, x))
+  shape = {"bhcd": (b, h, c, d), "bchd": (b, c, h, d), "slots": (c, b, h * d)}[layout]
+
+  def run(lengths, x):   # the caches made inside, as the decode programs make theirs: XLA lays them out
+    caches = [(jnp.zeros(shape, jnp.bfloat16), jnp.zeros(shape, jnp.bfloat16)) for _ in range(args.layers)]
+    return jax.lax.fori_loop(0, args.steps, step, (caches, lengths, x))[2]
 
   def spec(shape, dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-  shape = (b, h, c, d) if layout == "bhcd" else (b, c, h, d)
-  caches = [(spec(shape), spec(shape)) for _ in range(args.layers)]
-  lowered = jax.jit(run, donate_argnums=0).lower(caches, spec((b,), jnp.int32), spec((b, tokens, h, d)))
+  lowered = jax.jit(run).lower(spec((b,), jnp.int32), spec((b, tokens, h, d)))
   return lowered.compile().as_text()
 
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--layouts", nargs="+", default=["bhcd", "bchd"], choices=["bhcd", "bchd"])
+  parser.add_argument("--layouts", nargs="+", default=["bhcd", "bchd", "slots"], choices=["bhcd", "bchd", "slots"])
   parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4], help="n new tokens per call")
   parser.add_argument("--write", default="scatter", choices=["scatter", "per_token"])
-  parser.add_argument("--attention", default="dot", choices=["dot", "reduce", "pallas"])
+  parser.add_argument("--attention", default="dot", choices=["dot", "reduce"])
   parser.add_argument("--order", default="write_first", choices=["write_first", "attend_first"],
                       help="write the new keys then attend over the cache (the models), or attend over the "
                            "committed cache and the new keys apart, then write")
