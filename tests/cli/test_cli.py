@@ -306,7 +306,7 @@ def test_another_prompt_set_temperature_or_alpha_takes_every_program_from_the_ca
 
 def test_console_scripts_registry_and_shipped_files_are_found(monkeypatch, tmp_path):
   installed = {e.name: e for e in importlib.metadata.entry_points(group="console_scripts") if e.name.startswith("specdec")}
-  assert sorted(installed) == ["specdec-generate", "specdec-plan", "specdec-plot", "specdec-sweep",
+  assert sorted(installed) == ["specdec-bench", "specdec-generate", "specdec-plan", "specdec-plot", "specdec-sweep",
                              "specdec-train"]
   for name, entry in installed.items():
     assert entry.value == f"specdec.cli.{name[len('specdec-'):]}:console" and callable(entry.load())
