@@ -1,11 +1,11 @@
 """Attention over a slot-major KV cache by a Pallas TPU kernel: the cache is read where it lies.
 
 The per-row slot writes of a decode loop want a slot's K × D entries together: the cache is kept slot-major,
-one [B, C, K·D] array per layer (`base.empty_cache`, layout "slots"). XLA's attention dot wants each key
+one [C, B, K·D] array per layer (`base.empty_cache`, layout "slots"). XLA's attention dot wants each key
 head's [C, D] as whole tiles, so with it the TPU compiler relayouts every layer's keys and values inside the
 attention fusion on every call with more than one query per key head (a verification, or any call of a model
 with grouped queries; experiments/tpu_v4_plan). This kernel reads a key head's keys and values as a column
-block of the [B, C, K·D] array (heads narrower than 128 lanes a few at a time, so a block is whole lanes):
+block of the array seen as [C, B·K·D] (heads narrower than 128 lanes a few at a time, so a block is whole lanes):
 there is no layout for XLA to change, and no padding of narrow heads to 128 lanes.
 
 `attend` computes what `models.base.attend` computes (float32 logits and softmax, weights in the values'
@@ -49,7 +49,7 @@ def reads_in_place(key_heads: int, head_dim: int) -> bool:
 
 def attend(query: Array, keys: Array, values: Array, visible: Array, *, key_heads: int, bias: Array | None = None,
            soft_cap: float | None = None, interpret: bool = False) -> Array:
-  """Masked softmax attention over a slot-major cache: query [B, n, H, D], keys and values [B, C, K·D] (K =
+  """Masked softmax attention over a slot-major cache: query [B, n, H, D], keys and values [C, B, K·D] (K =
   `key_heads`; H = K·G: query head k·G + g reads key head k), visible [B, n, C], `bias` [B|1, H, n, C] added to
   the logits, `soft_cap` c: logits → c·tanh(logits / c). Returns [B, n, H, D], as `base.attend` on the same
   cache in the head-major layout."""

@@ -51,13 +51,17 @@ CACHE_LAYOUTS = ("heads", "slots")
 
 
 @contextlib.contextmanager
-def target_platform(platform: str | None) -> Iterator[None]:
-  """Within: programs are traced for `platform` (None: this process's default backend)."""
-  token = _PLATFORM.set(platform)
+def _setting(variable: contextvars.ContextVar, value: Any) -> Iterator[None]:
+  token = variable.set(value)
   try:
     yield
   finally:
-    _PLATFORM.reset(token)
+    variable.reset(token)
+
+
+def target_platform(platform: str | None) -> contextlib.AbstractContextManager[None]:
+  """Within: programs are traced for `platform` (None: this process's default backend)."""
+  return _setting(_PLATFORM, platform)
 
 
 def platform() -> str:
@@ -65,21 +69,16 @@ def platform() -> str:
   return _PLATFORM.get() or jax.default_backend()
 
 
-@contextlib.contextmanager
-def forced_cache_layout(layout: str | None) -> Iterator[None]:
+def forced_cache_layout(layout: str | None) -> contextlib.AbstractContextManager[None]:
   """Within: `empty_cache` makes `layout`'s caches whatever the platform (None: the platform's). For tests:
   the TPU layout decoded on the CPU, its attention computed by XLA."""
   if layout is not None and layout not in CACHE_LAYOUTS:
     raise ValueError(f"cache layout must be one of {CACHE_LAYOUTS}; got {layout!r}")
-  token = _LAYOUT.set(layout)
-  try:
-    yield
-  finally:
-    _LAYOUT.reset(token)
+  return _setting(_LAYOUT, layout)
 
 
 def cache_layout() -> str:
-  """The layout `empty_cache` makes: "slots" for TPU programs — one [B, C, K·D] array per layer, the layout
+  """The layout `empty_cache` makes: "slots" for TPU programs — one [C, B, K·D] array per layer, the layout
   the per-row slot writes want, read in place by `attention_kernel` (with XLA's attention dot the TPU compiler
   relayouts every layer's cache on every call: experiments/tpu_v4_plan) — else "heads", [B, K, C, D] (with
   [B, C, K, D] XLA:CPU transposed the whole cache in every layer of every call)."""
@@ -139,7 +138,7 @@ def cache_slots(keys: Array) -> int:
 def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None = None,
            soft_cap: float | None = None) -> Array:
   """Masked softmax attention of n queries over a cache: query [B, n, H, D], keys and values [B, K, C, D]
-  (head-major) or [B, C, K·D] (slot-major: `attention_kernel` on TPU) with H = K·G (G query heads per key
+  (head-major) or [C, B, K·D] (slot-major: `attention_kernel` on TPU) with H = K·G (G query heads per key
   head, grouped as head k·G + g), visible [B, n, C] (which keys each query sees), `bias` [B|1, H, n, C] added
   to the logits (T5's relative positions), `soft_cap` c: logits → c·tanh(logits / c) (Gemma 2). Logits and
   softmax in float32, weights in the values' dtype. Returns [B, n, H, D]. The query carries its own scale
@@ -169,7 +168,7 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Ar
 
 def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None,
                        soft_cap: float | None) -> Array:
-  """`attend` over [B, C, K·D] caches: the Pallas kernel where the program is lowered for TPU, XLA's
+  """`attend` over [C, B, K·D] caches: the Pallas kernel where the program is lowered for TPU, XLA's
   head-major attention over a transposed view elsewhere (the layout decoded on a CPU: tests)."""
   from specdec.models import attention_kernel   # Pallas: imported only by programs that use the layout
   b, n, h, d = query.shape
@@ -188,7 +187,7 @@ def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array,
 
 
 def write_slots(cache: Array, new: Array, slots: Array) -> Array:
-  """cache [B, K, C, D] or [B, C, K·D] with row b's new entries new[b] [n, K, D] written at slots[b] [n]
+  """cache [B, K, C, D] or [C, B, K·D] with row b's new entries new[b] [n, K, D] written at slots[b] [n]
   (dropped beyond C).
 
   One row at a time under `vmap`: a scatter whose rows are a batch dimension, which the SPMD partitioner

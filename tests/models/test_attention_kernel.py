@@ -52,7 +52,7 @@ def test_the_layout_follows_the_platform_traced_for_unless_forced():
     shapes[platform, forced] = cache.kv["keys"][0].shape
   assert shapes == {("cpu", None): (2, 4, 16, 8), ("tpu", None): (16, 2, 32), ("cpu", "slots"): (16, 2, 32)}
   with pytest.raises(ValueError, match="cache layout must be one of"):
-    base.forced_cache_layout("rows").__enter__()
+    base.forced_cache_layout("rows")
 
 
 # One decode per family, together covering every cache operation: slot writes and attention (all), a beam's
