@@ -22,9 +22,10 @@ users' programs get. `tests/sharding/` runs on 8 fake CPU devices (the flag must
 process of its own). All the groups of one run share JAX's persistent compilation cache (tests/conftest.py):
 a temporary directory removed at the end, or the one `$SPECDEC_TEST_CACHE` names (kept).
 
-`--slow` runs the tests marked slow instead (`make test-slow`), in the same groups.
+`--slow` runs the tests marked slow instead (`make test-slow`), in the same groups; `--durations 0` lists every
+test phase of at least 0.5 s per group (a profile of the run; default: the 8 slowest).
 
-Usage: python scripts/run_tests.py [--jobs N] [--slow] [GROUP_FOLDER ...]   (default: every group)
+Usage: python scripts/run_tests.py [--jobs N] [--slow] [--durations N] [GROUP_FOLDER ...]   (default: every group)
 """
 
 from __future__ import annotations
@@ -80,12 +81,13 @@ def _env(files: list[pathlib.Path], cache: str) -> dict[str, str]:
               **{CACHE_ENV: cache})
 
 
-def _run_group(files: list[pathlib.Path], env: dict[str, str], slow: bool) -> tuple[str, int, str, float]:
+def _run_group(files: list[pathlib.Path], env: dict[str, str], slow: bool, durations: int
+               ) -> tuple[str, int, str, float]:
   start = time.monotonic()
   names = [str(f.relative_to(TESTS.parent)) for f in files]
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--durations=8", *(_SLOW_ONLY if slow else ()),
-                         *names], env=env, cwd=TESTS.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True)
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", f"--durations={durations}", "--durations-min=0.5",
+                         *(_SLOW_ONLY if slow else ()), *names], env=env, cwd=TESTS.parent, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
   # --slow: a group without slow tests selects none, and nothing failed.
   returncode = 0 if slow and proc.returncode == _NO_TESTS_COLLECTED else proc.returncode
   return " ".join(names), returncode, proc.stdout, time.monotonic() - start
@@ -96,6 +98,8 @@ def main() -> int:
   parser.add_argument("folders", nargs="*", help="run only these groups (folders under tests/)")
   parser.add_argument("--jobs", type=int, default=2, help="groups run at once (default 2)")
   parser.add_argument("--slow", action="store_true", help="run only the tests marked slow")
+  parser.add_argument("--durations", type=int, default=8,
+                      help="list each group's N slowest tests and phases of at least 0.5 s (0: all; default 8)")
   args = parser.parse_args()
   if args.jobs < 1:
     parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -112,7 +116,7 @@ def main() -> int:
   cache = os.environ.get(CACHE_ENV) or tempfile.mkdtemp(prefix="specdec-tests-jax-cache-")
   try:
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-      futures = [pool.submit(_run_group, files, _env(files, cache), args.slow) for files in work]
+      futures = [pool.submit(_run_group, files, _env(files, cache), args.slow, args.durations) for files in work]
       for future in concurrent.futures.as_completed(futures):
         names, returncode, output, seconds = future.result()
         print(f"== pytest {names} ({seconds:.0f} s)\n{output}", end="", flush=True)

@@ -115,26 +115,30 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{smallest['model']}), {smallest['total_bytes'] / gib:.2f} GiB per chip." if smallest
               else "No mesh of this slice's chips holds it."]
   lines += ["", "## Per call (compiled alone, per chip)", "",
-            "| call | flops | HBM bytes (min) | tile padding | roofline µs | bound | collectives |",
-            "|---|---|---|---|---|---|---|"]
+            "| call | flops | HBM bytes (min) | × weights + cache | tile padding | roofline µs | bound | collectives |",
+            "|---|---|---|---|---|---|---|---|"]
   for name, call in report["calls"].items():
     if "roofline_us" not in call:
-      lines.append(f"| {name} | does not fit | | | | | |")
+      lines.append(f"| {name} | does not fit | | | | | | |")
       continue
     collectives = ", ".join(f"{op} {c['count']}" for op, c in call["collectives"].items() if c["count"]) or "-"
-    lines.append(f"| {name} | {call['flops']:.3g} | {_size(call['hbm_bytes'])} | {call['padding']:.2f}× "
+    lines.append(f"| {name} | {call['flops']:.3g} | {_size(call['hbm_bytes'])} | {call['over_arguments']:.3f}× "
+                 f"| {call['padding']:.2f}× "
                  f"| {call['roofline_us']:.1f} "
                  f"| {call['bound']} | {collectives} |")
   if program["fits"]:
     lines += ["", "## Inside the program (per scope: each loop's body once)", "",
-              "| scope | cache relayouts (fused) | cache copies (materialized) | cache round trips HBM<->on-chip "
-              "(MB) | [B, γ+1, V] copies (MB) | collectives |", "|---|---|---|---|---|---|"]
+              "Each count is what every iteration runs, then (+ n) what lies in branches of conditionals, run only "
+              "on the iterations that take them (e.g. the exact top-p search for a nucleus beyond the top-k "
+              "candidates). A cache round trip is a transfer HBM -> on-chip memory and one back; [B, γ+1, V] "
+              "moves are copies, relayouts and transfers of such arrays.", "",
+              "| scope | cache relayouts (fused) | cache copies (materialized) | cache transfers HBM<->on-chip "
+              "(MB) | [B, γ+1, V] moves (MB) | collectives |", "|---|---|---|---|---|---|"]
     for scope in program["loops"]:
       cache, block = scope["cache"], scope["block"]
       collectives = ", ".join(f"{op} {c['count']}" for op, c in scope["collectives"].items() if c["count"]) or "-"
-      lines.append(f"| {_scope(scope)} | {cache['fused']} | {cache['materialized']} | {cache['async']} "
-                   f"({cache['async_bytes'] / 1e6:.1f}) | {block['materialized']} ({block['materialized_bytes'] / 1e6:.1f}) "
-                   f"| {collectives} |")
+      lines.append(f"| {_scope(scope)} | {_split(cache, 'fused')} | {_split(cache, 'materialized')} "
+                   f"| {_split(cache, 'async')} | {_split(block, 'materialized', 'fused', 'async')} | {collectives} |")
   if "speeds" in report:
     sp = report["speeds"]
     lines += ["", "## Roofline tokens/s (every call at its roofline: an upper bound)", "",
@@ -145,6 +149,19 @@ def markdown(report: dict[str, Any]) -> str:
       lines.append(f"| {row['acceptance']:.3g} | {row['tokens_per_block']:.2f} | {row['block_us']:.1f} "
                    f"| {row['tokens_per_s']:.0f} | {row['speedup']:.2f}× |")
   return "\n".join(lines) + "\n"
+
+
+def _split(counts: dict[str, Any], *kinds: str) -> str:
+  """'n (MB)' of the moves of `kinds` that every iteration runs, then '+ m (MB) in branches' if any."""
+  def tally(row: dict[str, Any], minus: dict[str, Any] | None = None) -> tuple[int, int]:
+    count = sum(row[k] - (minus[k] if minus else 0) for k in kinds)
+    nbytes = sum(row[f"{k}_bytes"] - (minus[f"{k}_bytes"] if minus else 0) for k in kinds)
+    return count, nbytes
+  branch = counts["in_branches"]
+  always, always_bytes = tally(counts, branch)
+  text = f"{always} ({always_bytes / 1e6:.1f})"
+  count, nbytes = tally(branch)
+  return text + (f" + {count} ({nbytes / 1e6:.1f}) in branches" if count else "")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -25,21 +25,34 @@ Array = jax.Array
 class Sampling:
   """How tokens are drawn: S(·) with `temperature` and `top_p` (traced: a sweep over them does not
   recompile), `top_k` (static) and `top_p_method` (static: how the top-p cut is searched, `TOP_P_METHODS`;
-  every method gives the same distribution). Passed to the decode loops as one value."""
+  every method gives the same distribution). Passed to the decode loops as one value.
+
+  `truncation` (static): whether the program holds the top-p search. None: where top_p < 1 somewhere (a
+  traced top_p: always) — top_p = 1 compiles a program without it, about half the compile time of a decode
+  loop, the same tokens; True: always, so that the points of a sweep at top-P = 1 and below share one
+  program; False: never (top_p must be 1)."""
   temperature: Array | float = 1.0
   top_p: Array | float = 1.0
   top_k: int = struct.field(pytree_node=False, default=0)
   top_p_method: str = struct.field(pytree_node=False, default="auto")
+  truncation: bool | None = struct.field(pytree_node=False, default=None)
 
   def checked(self, platform: str | None = None) -> "Sampling":
     """The same settings as float32 scalars, after the range checks (ValueError naming the parameter), with
     "auto" resolved for `platform` (the backend the program is built for: "cpu", "gpu", "tpu"; None: this
-    process's default backend)."""
+    process's default backend) and `truncation` into the method: "none" where the program holds no search."""
     checks.check_temperature(self.temperature)
     checks.check_top_p(self.top_p)
     checks.check_top_k(self.top_k)
-    return Sampling(jnp.float32(self.temperature), jnp.float32(self.top_p), int(self.top_k),
-                    top_p_method(self.top_p_method, platform))
+    if self.truncation not in (None, True, False):
+      raise ValueError(f"truncation must be None, True or False; got {self.truncation!r}")
+    method = top_p_method(self.top_p_method, platform)
+    if self.truncation is False or (method != "none" and self.truncation is None and _keeps_all(self.top_p)):
+      method = "none"
+    elif self.truncation and method == "none":
+      raise ValueError("top_p_method 'none' (no top-p search in the program) contradicts truncation=True")
+    _check_no_search(method, self.top_p)
+    return Sampling(jnp.float32(self.temperature), jnp.float32(self.top_p), int(self.top_k), method, method != "none")
 
   def transform(self, logits: Array) -> Array:
     """S(logits) [..., V] with these settings (`transform`)."""
@@ -68,13 +81,16 @@ def transform(logits: Array, temperature: float | Array, top_p: float | Array = 
   checks.check_top_p(top_p)
   checks.check_top_k(top_k)
   checks.check_logits("logits", logits)
-  return _transform(logits, temperature, top_p, top_k, top_p_method(method))
+  method = top_p_method(method)
+  _check_no_search(method, top_p)
+  return _transform(logits, temperature, top_p, top_k, method)
 
 
 # How the top-p cut is found (one definition, `_top_p`'s exact integer masses): "bisection" (`_top_p.nucleus`,
-# fastest on XLA:CPU, whose sort is slow), "top_k" (`_top_p.nucleus_by_top_k`, no loop: TPU/GPU), or "auto",
-# the one for the platform the program is built for (`top_p_method`).
-TOP_P_METHODS = ("auto", "bisection", "top_k")
+# fastest on XLA:CPU, whose sort is slow), "top_k" (`_top_p.nucleus_by_top_k`, no loop: TPU/GPU), "auto",
+# the one for the platform the program is built for (`top_p_method`), or "none": no search in the program,
+# for top_p = 1 only (`Sampling.truncation`).
+TOP_P_METHODS = ("auto", "bisection", "top_k", "none")
 
 # The top_k search's candidate set (`_top_p.nucleus_by_top_k`): a larger nucleus takes the exact bisection.
 TOP_K_CANDIDATES = _top_p.TOP_K_CANDIDATES
@@ -90,6 +106,17 @@ def top_p_method(method: str = "auto", platform: str | None = None) -> str:
   if method == "auto":
     return "bisection" if (platform or jax.default_backend()) == "cpu" else "top_k"
   return method
+
+
+def _keeps_all(top_p: float | Array) -> bool:
+  """Whether top_p is known, outside any trace, to be 1 everywhere (no truncation)."""
+  return checks.is_concrete(top_p) and bool(np.all(np.asarray(top_p) >= 1.0))
+
+
+def _check_no_search(method: str, top_p: float | Array) -> None:
+  if method == "none" and not (_keeps_all(top_p) or not checks.is_concrete(top_p)):
+    raise ValueError(f"top_p must be 1 where the program holds no top-p search (top_p_method 'none' or "
+                     f"truncation=False); got {top_p!r}")
 
 
 def sample(key: Array, weights: Array) -> Array:
@@ -191,9 +218,12 @@ def _transform(logits: Array, temperature: Array, top_p: Array, top_k: int, meth
   row = logits.shape[:-1] + (1,)
   keep_all = (jnp.full(row, _top_p.KEEP_ALL, jnp.int32), jnp.full(row, vocab, jnp.int32), jnp.ones(row))
 
-  search = _top_p.nucleus if method == "bisection" else _top_p.nucleus_by_top_k
-  cut, last, norm = _top_p.merge(top_p >= 1.0, keep_all, jax.lax.cond(
-      jnp.all(top_p >= 1.0), lambda *_: keep_all, lambda *s: search(*s, top_p), unnormalised, total))
+  if method == "none":   # top_p = 1: nothing to search, and no search compiled
+    cut, last, norm = keep_all
+  else:
+    search = _top_p.nucleus if method == "bisection" else _top_p.nucleus_by_top_k
+    cut, last, norm = _top_p.merge(top_p >= 1.0, keep_all, jax.lax.cond(
+        jnp.all(top_p >= 1.0), lambda *_: keep_all, lambda *s: search(*s, top_p), unnormalised, total))
   greedy_token = jax.lax.cond(jnp.any(greedy), lambda x: argmax(x)[..., None],
                               lambda x: jnp.full(row, -1, jnp.int32), logits)
   index = jnp.arange(vocab, dtype=jnp.int32)

@@ -21,6 +21,9 @@ Moves are the instructions that write data somewhere else without computing on i
   the KV cache inside an attention dot's fusion, read as bfloat16 for the MXU): no buffer, but not free;
 - async: `copy-start`/`copy-done` pairs, asynchronous copies between memory spaces (on TPU v4: HBM,
   memory space 0, and the on-chip memory that memory-space assignment uses, `S(3)` in layouts).
+A scope's instructions inside a branch of a `conditional` run only on the iterations that take it (a rare
+fallback, e.g. the exact top-p search for a nucleus beyond the top-k candidates): `Instruction.conditional`,
+and the counters' `branches` (None: all; False: what every iteration runs; True: what only a branch does).
 Bytes are logical (elements × element size): TPU tiles pad minor dimensions, so a buffer may take more.
 """
 
@@ -38,6 +41,8 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "c
 # Attributes naming computations that run on every element or pair of another instruction (reducers,
 # comparators, scatter combiners): their instructions write no buffers of their own.
 _APPLIED = ("to_apply", "select", "scatter")
+# Attributes of a `conditional` naming its branches.
+_BRANCHES = ("branch_computations", "true_computation", "false_computation")
 # Ops that only rename a buffer (no data written), allowed around the one op of a wrapping fusion.
 _ALIASES = ("parameter", "bitcast", "get-tuple-element", "tuple")
 
@@ -109,8 +114,10 @@ class Instruction:
   tuples flattened); `calls` maps each attribute naming computations (calls, body, condition, to_apply,
   branch_computations, ...) to their names. `fused` (set by `parse`): it runs inside another instruction —
   a fusion's computation, or a reducer/comparator that one applies — so it writes no buffer of its own;
-  the one op of a fusion that merely wraps it (XLA:CPU wraps every copy) is not fused. Compared by
-  identity: a computation called from several places yields the same instructions at each."""
+  the one op of a fusion that merely wraps it (XLA:CPU wraps every copy) is not fused. `conditional` (set
+  by `parse`): it lies in a branch of a `conditional` within its scope (between it and the nearest enclosing
+  while loop), so an iteration runs it only when that branch is taken. Compared by identity: a computation
+  called from several places yields the same instructions at each."""
   name: str
   op: str
   shapes: tuple[Shape, ...]
@@ -122,6 +129,7 @@ class Instruction:
   root: bool = False
   op_name: str = ""
   fused: bool = False
+  conditional: bool = False
 
   @property
   def shape(self) -> Shape | None:
@@ -276,6 +284,7 @@ def parse(hlo_text: str) -> Program:
     instruction.calls = {attribute: names for attribute, names in instruction.calls.items()
                          if all(name in computations for name in names)}
   _mark_fused(program, entry, fused=False, seen=set())
+  _mark_conditional(program, entry, conditional=False, seen=set())
   return program
 
 
@@ -303,6 +312,19 @@ def _mark_fused(program: Program, computation: str, fused: bool, seen: set[str])
         else:
           inner = fused
         _mark_fused(program, name, inner, seen)
+
+
+def _mark_conditional(program: Program, computation: str, conditional: bool, seen: set[str]) -> None:
+  if computation in seen or computation not in program.computations:
+    return
+  seen.add(computation)
+  for instruction in program.computations[computation]:
+    instruction.conditional = conditional
+    for attribute, names in instruction.calls.items():
+      # A loop's body and condition run on each of its iterations: a scope of their own, unconditional in it.
+      inner = False if instruction.op == "while" else conditional or attribute in _BRANCHES
+      for name in names:
+        _mark_conditional(program, name, inner, seen)
 
 
 def loops(program: Program) -> list[Loop]:
@@ -354,12 +376,15 @@ def scope_ops(program: Program, computation_name: str) -> list[Instruction]:
   return ops
 
 
-def _ops(program: Program, scope: Scope) -> list[Instruction]:
+def _ops(program: Program, scope: Scope, branches: bool | None = None) -> list[Instruction]:
   """A scope's instructions: a computation's, or a loop's (its body's and its condition's: both run on
-  every iteration)."""
+  every iteration); `branches`: all (None), those outside conditional branches (False), those in them
+  (True)."""
   if isinstance(scope, Loop):
-    return scope_ops(program, scope.body) + scope_ops(program, scope.condition)
-  return scope_ops(program, scope)
+    ops = scope_ops(program, scope.body) + scope_ops(program, scope.condition)
+  else:
+    ops = scope_ops(program, scope)
+  return ops if branches is None else [i for i in ops if i.conditional == branches]
 
 
 def _selected(shape: Shape | None, min_elements: int, shape_filter: ShapeFilter | None) -> bool:
@@ -370,11 +395,11 @@ def _space(memory_space: int) -> str:
   return "HBM" if memory_space == 0 else f"S({memory_space})"
 
 
-def async_copies(program: Program, scope: Scope, min_elements: int = 0,
-                 shape_filter: ShapeFilter | None = None) -> Iterator[tuple[Instruction, Shape, Shape]]:
+def async_copies(program: Program, scope: Scope, min_elements: int = 0, shape_filter: ShapeFilter | None = None,
+                 branches: bool | None = None) -> Iterator[tuple[Instruction, Shape, Shape]]:
   """A scope's asynchronous copies: each `copy-start` (its `copy-done` is the same transfer) with its
   destination and source arrays (the first two of the result tuple, whose third is a context)."""
-  for instruction in _ops(program, scope):
+  for instruction in _ops(program, scope, branches):
     if instruction.op == "copy-start" and len(instruction.shapes) >= 2:
       destination, source = instruction.shapes[:2]
       if _selected(destination, min_elements, shape_filter):
@@ -382,19 +407,19 @@ def async_copies(program: Program, scope: Scope, min_elements: int = 0,
 
 
 def count_moves(program: Program, scope: Scope, min_elements: int = 0,
-                shape_filter: ShapeFilter | None = None) -> MoveCounts:
+                shape_filter: ShapeFilter | None = None, branches: bool | None = None) -> MoveCounts:
   """The copies, transposes and asynchronous copies of a scope (a computation's name or a `Loop`) whose
   array has at least `min_elements` elements and whose dims `shape_filter` accepts (all when None); bytes
   of their results (an asynchronous copy's: its destination). Every copy counts, ENTRY's copies of a
-  broadcast too (`moves` can leave those out)."""
+  broadcast too (`moves` can leave those out). `branches`: as `_ops`."""
   materialized, fused, copies, directions = Tally(), Tally(), Tally(), {}
-  for instruction in _ops(program, scope):
+  for instruction in _ops(program, scope, branches):
     if instruction.op in MOVE_OPS and _selected(instruction.shape, min_elements, shape_filter):
       if instruction.fused:
         fused = fused.plus(instruction.shape.bytes)
       else:
         materialized = materialized.plus(instruction.shape.bytes)
-  for _, destination, source in async_copies(program, scope, min_elements, shape_filter):
+  for _, destination, source in async_copies(program, scope, min_elements, shape_filter, branches):
     copies = copies.plus(destination.bytes)
     direction = f"{_space(source.memory_space)}->{_space(destination.memory_space)}"
     directions[direction] = directions.get(direction, Tally()).plus(destination.bytes)
@@ -469,7 +494,8 @@ def summary(program: Program, *, min_elements: int = 0,
     <selector>   for each of `selectors` (shape filters on the dims; default {"all": every shape}), the
                  moves of at least `min_elements` elements it accepts: {"materialized", "fused", "async"
                  (counts), "materialized_bytes", "fused_bytes", "async_bytes", "async_directions":
-                 {"HBM->S(3)": {"count", "bytes"}, ...}}
+                 {"HBM->S(3)": {"count", "bytes"}, ...}, "in_branches": the same counts of those moves
+                 that lie in a conditional's branch (run only on the iterations that take it)}
     collectives  {"all-reduce": {"count", "bytes"}, ...}, the ops found only
   """
   selectors = {"all": lambda dims: True} if selectors is None else dict(selectors)
@@ -483,15 +509,18 @@ def summary(program: Program, *, min_elements: int = 0,
   rows = []
   for scope, row in scopes:
     for label, accept in selectors.items():
-      counts = count_moves(program, scope, min_elements, accept)
-      row[label] = {
-          "materialized": counts.materialized.count, "materialized_bytes": counts.materialized.bytes,
-          "fused": counts.fused.count, "fused_bytes": counts.fused.bytes,
-          "async": counts.async_copies.count, "async_bytes": counts.async_copies.bytes,
-          "async_directions": {k: tally._asdict() for k, tally in counts.async_directions.items()}}
+      row[label] = _counts_row(count_moves(program, scope, min_elements, accept))
+      row[label]["in_branches"] = _counts_row(count_moves(program, scope, min_elements, accept, branches=True))
     row["collectives"] = {op: tally._asdict() for op, tally in collectives(program, scope).items()}
     rows.append(row)
   return rows
+
+
+def _counts_row(counts: MoveCounts) -> dict[str, Any]:
+  return {"materialized": counts.materialized.count, "materialized_bytes": counts.materialized.bytes,
+          "fused": counts.fused.count, "fused_bytes": counts.fused.bytes,
+          "async": counts.async_copies.count, "async_bytes": counts.async_copies.bytes,
+          "async_directions": {k: tally._asdict() for k, tally in counts.async_directions.items()}}
 
 
 def dims_contain(size: int) -> ShapeFilter:

@@ -13,8 +13,9 @@ without weights or data, and the compiled TPU program reports what the plan need
                       aliased: weights and cache read once, logits written once), the roofline time
                       max(flops / peak, bytes / bandwidth), collectives;
   waste in the loop   from the optimized HLO (`evaluation.hlo`), per loop: relayouts of KV-cache-sized
-                      arrays, round trips of them between HBM and on-chip memory, copies of [B, γ + 1, V]
-                      arrays, collectives;
+                      arrays, transfers of them between HBM and on-chip memory, moves of [B, γ + 1, V]
+                      arrays, collectives; each also counted apart in the branches of conditionals, which
+                      run only on the iterations that take them (a rare fallback);
   tokens/s            at the roofline of each call (the fastest the chips could run the loop; a bound, not
                       a prediction): autoregressive decoding of the verifier, speculative decoding at given
                       acceptance rates per drafted token, and their ratio.
@@ -144,8 +145,9 @@ def _check_libtpu() -> None:
 @dataclasses.dataclass(frozen=True)
 class Setting:
   """One decode program: a pair of model presets (`models.build`; drafter None for a method without one,
-  `FEATURE` for a feature drafter over the verifier), the method and its parameters, shapes and dtype. Sampling at `temperature` (> 0 compiles the sampling
-  path; its value and top_p are traced, so one program serves a sweep over them)."""
+  `FEATURE` for a feature drafter over the verifier), the method and its parameters, shapes and dtype. Sampling
+  at `temperature` (> 0 compiles the sampling path; its value and top_p are traced, and the top-p search is
+  compiled in whatever top_p is, so one program serves a sweep over them)."""
   verifier: str
   drafter: str | None
   vocab_size: int
@@ -358,10 +360,11 @@ def decode_program(setting: Setting, drafter: Any, verifier: Any) -> Any:
   target = partitioning.mesh_of(verifier) or partitioning.device_of(verifier)
   prompts = partitioning.abstract_batch(jax.ShapeDtypeStruct((setting.batch_size, setting.prompt_width), jnp.int32),
                                         target, setting.batch_size)
-  lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, prompts, method=setting.method,
-                           max_new_tokens=setting.max_new_tokens, temperature=setting.temperature,
-                           top_p=setting.top_p, eos_id=setting.eos_id, **dict(setting.params))
-  return lowered
+  # With the top-p search whatever top_p is: the program a sweep over top-P runs at every point.
+  sampling = decoding.Sampling(setting.temperature, setting.top_p, truncation=True)
+  return decoding.lower(jax.random.PRNGKey(0), drafter, verifier, prompts, method=setting.method,
+                        max_new_tokens=setting.max_new_tokens, sampling=sampling, eos_id=setting.eos_id,
+                        **dict(setting.params))
 
 
 def cache_length_of(setting: Setting, drafter: Any, verifier: Any) -> int:
@@ -387,7 +390,9 @@ def analyse_call(program_facts: dict[str, Any], chip: Chip) -> dict[str, Any]:
   Minimum HBM bytes: every argument the program reads, once, as the chip's tiles store it (padding
   included), plus its outputs, less what is updated in place (the donated cache): a call's weights and
   cache read once and its logits written once. Arguments it never reads (a T5 decoder step does not read
-  the encoder's weights) are left out. `padding` is that read's size over its logical size."""
+  the encoder's weights) are left out. `padding` is that read's size over its logical size;
+  `over_arguments`, the minimum HBM bytes over the logical size of what it reads (its weights, cache and
+  inputs): what tiles and outputs add to reading the weights and cache once."""
   if not program_facts["fits"]:
     return dict(fits=False, error=program_facts["error"])
   memory, flops = program_facts["memory"], program_facts["flops"]
@@ -395,8 +400,9 @@ def analyse_call(program_facts: dict[str, Any], chip: Chip) -> dict[str, Any]:
   read = [shape for parameter in hlo.entry_parameters(program, used_only=True) for shape in parameter.shapes]
   read_bytes = sum(shape.padded_bytes for shape in read)
   hbm_bytes = read_bytes + memory["outputs"] - memory["aliased"]
-  return dict(flops=flops, hbm_bytes=hbm_bytes, read_bytes=read_bytes,
-              padding=read_bytes / max(1, sum(shape.bytes for shape in read)),
+  logical = max(1, sum(shape.bytes for shape in read))
+  return dict(flops=flops, hbm_bytes=hbm_bytes, read_bytes=read_bytes, padding=read_bytes / logical,
+              over_arguments=hbm_bytes / logical,
               roofline_us=1e6 * roofline_seconds(flops, hbm_bytes, chip),
               bound="compute" if flops / chip.peak_flops > hbm_bytes / chip.hbm_bandwidth else "memory",
               collectives={op: tally._asdict() for op, tally in hlo.collectives(program, program.entry).items()},
@@ -415,7 +421,7 @@ def analyse_loop(hlo_text: str, *, cache_elements: int, cache_length: int, width
     return cache_length in dims and math.prod(dims) >= cache_elements
 
   def block_sized(dims: Sequence[int]) -> bool:   # [.., γ+1, V] and its [.., γ+1, V/128, 128] tiling
-    return width in dims and any(v in dims or (v % 128 == 0 and v // 128 in dims) for v in vocabs)
+    return width in dims and any(v in dims or (v % 128 == 0 and v // 128 in dims and 128 in dims) for v in vocabs)
 
   return hlo.summary(program, min_elements=1, selectors=dict(cache=cache_sized, block=block_sized))
 

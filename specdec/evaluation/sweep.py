@@ -76,6 +76,7 @@ class Workload:
   seed: int
   drafter_parts: dict[str, Any] = dataclasses.field(default_factory=dict)   # of its export (`exports.PARTS`)
   mesh: Any = None              # Experiment.mesh_shape's: the models are sharded on it, the rows split
+  truncation: bool | None = None   # True where some top_p < 1: every point's program holds the top-p search
 
 
 def _parts_directory(source: ModelSource) -> str | None:
@@ -176,7 +177,8 @@ def load_workload(experiment: Experiment) -> Workload:
       max_new_tokens=experiment.max_new_tokens or task.max_target_tokens, batch_size=batch_size,
       stop_id=few_shot.stop_id(vocab, experiment.chat_template),
       latency_trials=experiment.latency_trials, seed=experiment.seed,
-      drafter_parts=exports.load_parts(_parts_directory(experiment.drafter)))
+      drafter_parts=exports.load_parts(_parts_directory(experiment.drafter)),
+      truncation=True if any(top_p < 1.0 for top_p in experiment.top_ps) else None)
 
 
 def check_fits(points: Sequence[Point], workload: Workload) -> None:
@@ -220,10 +222,10 @@ def decode_rows(point: Point, workload: Workload, key: jax.Array, rows: np.ndarr
   if point.model == "pair":
     drafter = exports.drafter_for(decoding.methods.get(point.method), small, workload.drafter_parts)
   verifier = small if point.model == "drafter" else large
+  sampling = decoding.Sampling(point.temperature, point.top_p, truncation=workload.truncation)
   return decoding.generate(key, drafter, verifier, prompts, workload.prompt_lengths[rows],
-                           method=point.method, temperature=point.temperature, top_p=point.top_p,
-                           max_new_tokens=workload.max_new_tokens, eos_id=workload.stop_id, row_ids=rows,
-                           **dict(point.params))
+                           method=point.method, sampling=sampling, max_new_tokens=workload.max_new_tokens,
+                           eos_id=workload.stop_id, row_ids=rows, **dict(point.params))
 
 
 def batches(workload: Workload) -> list[np.ndarray]:

@@ -138,9 +138,27 @@ _transform = jax.jit(sampling.transform, static_argnames=("top_k", "method"))
 
 def test_auto_top_p_method_follows_the_backend_and_a_bad_one_raises():
   assert sampling.top_p_method("auto") == ("bisection" if jax.default_backend() == "cpu" else "top_k")
-  assert sampling.Sampling(top_p_method="top_k").checked().top_p_method == "top_k"
+  assert sampling.Sampling(top_p=0.9, top_p_method="top_k").checked().top_p_method == "top_k"
   with pytest.raises(ValueError, match="top_p_method must be one of"):
     sampling.Sampling(top_p_method="sort").checked()
+
+
+def test_a_program_holds_the_top_p_search_only_where_it_may_truncate():
+  """top_p = 1 compiles no search ("none"), top_p < 1 the platform's; truncation=True keeps the search at
+  top_p = 1 (a sweep's points share one program), and a search-free program refuses top_p < 1."""
+  method = lambda **kw: sampling.Sampling(**kw).checked("cpu").top_p_method
+  assert method() == method(top_p=np.ones(3)) == method(truncation=False) == "none"
+  assert method(top_p=0.9) == method(truncation=True) == method(top_p=np.array([1.0, 0.5])) == "bisection"
+  assert sampling.Sampling(truncation=True).checked("tpu").top_p_method == "top_k"
+  for bad in (dict(top_p=0.9, truncation=False), dict(top_p=0.9, top_p_method="none")):
+    with pytest.raises(ValueError, match="top_p must be 1 where the program holds no top-p search"):
+      sampling.Sampling(**bad).checked()
+  with pytest.raises(ValueError, match="contradicts truncation=True"):
+    sampling.Sampling(top_p_method="none", truncation=True).checked()
+  with pytest.raises(ValueError, match="top_p must be 1 where"):
+    sampling.transform(jnp.zeros(4), 1.0, 0.9, method="none")
+  logits = jax.random.normal(jax.random.PRNGKey(0), (3, 64))
+  np.testing.assert_array_equal(sampling.transform(logits, 0.7, method="none"), sampling.transform(logits, 0.7))
 
 
 def test_fixed_point_weights_are_exact_and_flush_proof():

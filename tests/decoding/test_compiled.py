@@ -98,9 +98,9 @@ def test_lower_from_shapes_alone_builds_the_program_of_the_arrays():
 def test_backend_choices_follow_the_platform_traced_for():
   """The top-p search and call narrowing follow the platform a program is built for (the models'), not the
   process's backend: a TPU program lowered on a CPU host makes the TPU's choices."""
-  assert decoding.Sampling().checked("tpu").top_p_method == "top_k"
-  assert decoding.Sampling().checked("cpu").top_p_method == "bisection"
-  assert decoding.Sampling(top_p_method="bisection").checked("tpu").top_p_method == "bisection"
+  assert decoding.Sampling(top_p=0.9).checked("tpu").top_p_method == "top_k"
+  assert decoding.Sampling(top_p=0.9).checked("cpu").top_p_method == "bisection"
+  assert decoding.Sampling(top_p=0.9, top_p_method="bisection").checked("tpu").top_p_method == "bisection"
   with common.target_platform("tpu"):
     assert not common.narrow_calls()
   with common.target_platform("cpu"):

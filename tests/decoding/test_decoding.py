@@ -178,15 +178,22 @@ def test_a_rows_sample_does_not_depend_on_the_batch_size(method):
 
 
 def test_sweep_compiles_once_per_method_rule_gamma():
+  """α, temperature and top-P are traced: one program for the whole grid (`truncation=True`: the top-p
+  search in it at top-P = 1 too, as a sweep asks). top-P = 1 alone compiles a program without the search,
+  which draws the same tokens."""
   drafter, verifier = _toy_pair()
   prompts, lengths = _prompts(np.random.default_rng(3), 4, 5, V)
   before = decoding._generate._cache_size()
+  run = lambda alpha, sampling: decoding.generate(
+      jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method="speculative", rule="token_v3",
+      alpha=float(alpha), gamma=2, sampling=sampling, max_new_tokens=4, eos_id=None)
   for temperature in (0.0, 0.5, 1.0):
-    for alpha in np.linspace(0.0, 0.95, 20):
-      decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method="speculative",
-                        rule="token_v3", alpha=float(alpha), gamma=2, temperature=temperature, top_p=0.9,
-                        max_new_tokens=4, eos_id=None)
+    for top_p in (0.9, 1.0):
+      for alpha in np.linspace(0.0, 0.95, 10):
+        searched = run(alpha, decoding.Sampling(temperature, top_p, truncation=True))
   assert decoding._generate._cache_size() - before == 1
+  np.testing.assert_array_equal(run(0.95, decoding.Sampling(1.0, 1.0)).tokens, searched.tokens)
+  assert decoding._generate._cache_size() - before == 2
 
 
 def test_eos_and_max_new_tokens_per_row():

@@ -75,7 +75,9 @@ StackFrames
 }
 
 %on_false (h.5: f32[8,64]) -> f32[8,64] {
-  ROOT %h.5 = f32[8,64]{1,0:T(8,128)} parameter(0)
+  %h.5 = f32[8,64]{1,0:T(8,128)} parameter(0)
+  %copy.5 = f32[8,64]{0,1:T(8,128)} copy(%h.5)
+  ROOT %h.8 = f32[8,64]{1,0:T(8,128)} bitcast(%copy.5)
 }
 
 %body (s.1: (s32[], bf16[8,128,64], f32[8,64])) -> (s32[], bf16[8,128,64], f32[8,64]) {
@@ -179,6 +181,9 @@ def test_parse_reads_instructions_of_the_tpu_text_format(tpu_style):
   assert i["while.1"].is_tuple and [s.dims for s in i["while.1"].shapes] == [(), CACHE_DIMS, (8, 64)]
   assert i["h.7"].calls == {"true_computation": ("on_true",), "false_computation": ("on_false",)}
   assert i["h.7"].operands == ("positive", "all-gather-done.1", "h.6")
+  # In a branch: the false branch's copy and the true branch's loop; not the loop's own body, nor h.7.
+  assert i["copy.5"].conditional and i["while.2"].conditional and not i["h.7"].conditional
+  assert not i["transpose.1"].conditional and not i["copy.2"].conditional
   assert i["all-reduce.1"].calls == {"to_apply": ("add",)}          # the mesh replica groups are skipped
   assert i["copy-start.2"].calls == {}                              # control predecessors name no computation
   assert i["copy-start.1"].op == "copy-start" and i["copy-done.1"].operands == ("copy-start.1",)
@@ -222,7 +227,11 @@ def test_count_moves_tells_materialized_fused_and_async_copies_apart(tpu_style):
   assert hlo.count_moves(tpu_style, outer, CACHE_ELEMENTS) == hlo.MoveCounts(
       materialized=(2, 2 * cache_bytes), fused=(1, cache_bytes))
   small = hlo.count_moves(tpu_style, outer, shape_filter=lambda dims: dims == (8, 64))
-  assert small.materialized == small.fused == (0, 0)
+  assert small.materialized == (1, 8 * 64 * 4) and small.fused == (0, 0)       # the false branch's copy
+  branch = hlo.count_moves(tpu_style, outer, shape_filter=lambda dims: dims == (8, 64), branches=True)
+  assert branch == hlo.MoveCounts(materialized=(1, 8 * 64 * 4))
+  always = hlo.count_moves(tpu_style, outer, shape_filter=lambda dims: dims == (8, 64), branches=False)
+  assert always.materialized == (0, 0) and always.async_copies == small.async_copies
   assert small.async_copies == (2, 2 * 8 * 64 * 4)
   assert small.async_directions == {"HBM->S(3)": (1, 8 * 64 * 4), "S(3)->HBM": (1, 8 * 64 * 4)}
   assert hlo.count_moves(tpu_style, inner).materialized == (1, 64 * 8 * 4)        # the inner loop's transpose
@@ -276,7 +285,7 @@ def test_moves_leaves_out_copies_of_an_initial_value(tpu_style):
   assert hlo.moves(program, 64 * 64) == [] and len(hlo.moves(program, 64 * 64, skip_initial_values=False)) == 1
   everywhere = hlo.moves(tpu_style, 8 * 64)
   assert "%copy.4 = f32[8,64]{1,0:T(8,128)} copy(%broadcast.1)" not in everywhere
-  assert len(everywhere) == 4 and len(hlo.moves(tpu_style, 8 * 64, include_fused=False)) == 3
+  assert len(everywhere) == 5 and len(hlo.moves(tpu_style, 8 * 64, include_fused=False)) == 4
   outer = hlo.loops(tpu_style)[0]
   assert hlo.moves(tpu_style, CACHE_ELEMENTS, scope=outer, include_fused=False) == [
       "%copy.2 = bf16[8,128,64]{2,1,0:T(8,128)(2,1)} copy(%cache.2)",
@@ -294,6 +303,8 @@ def test_summary_rows_are_json_scope_by_scope(tpu_style, cpu_program):
   assert loop["rows"]["async_directions"] == {"HBM->S(3)": {"count": 1, "bytes": 2048},
                                               "S(3)->HBM": {"count": 1, "bytes": 2048}}
   assert loop["collectives"]["all-reduce"] == {"count": 1, "bytes": 4096}
+  assert (loop["rows"]["materialized"], loop["rows"]["in_branches"]["materialized"]) == (1, 1)
+  assert loop["cache"]["in_branches"]["materialized"] == 0
   assert rows[0]["rows"]["materialized"] == 1                  # ENTRY's copy of a broadcast counts here
   assert [r["scope"] for r in hlo.summary(cpu_program)][:2] == ["outside loops", hlo.loops(cpu_program)[0].name]
   with pytest.raises(ValueError, match="clash"):

@@ -376,3 +376,10 @@ def test_a_sweep_names_a_feature_head_as_its_drafter(tmp_path):
     with pytest.raises(ValueError, match=message):
       sweep.run(bad, progress=False)
     assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_a_grid_with_a_top_p_below_one_keeps_the_search_in_every_points_program(tmp_path):
+  """Points at top-P = 1 and below share one program: the workload asks for the top-p search in all of
+  them; a grid at top-P = 1 alone compiles none."""
+  assert sweep.load_workload(smoke(tmp_path / "one.jsonl")).truncation is None
+  assert sweep.load_workload(smoke(tmp_path / "two.jsonl", "Experiment.top_ps = [1.0, 0.9]")).truncation is True
