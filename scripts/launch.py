@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import pathlib
 import re
@@ -129,17 +130,25 @@ def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int, bytes_pe
   `verifier` ('9b' | '27b'), weights and caches of `cache_length` positions for `batch_size` rows held in
   `bytes_per_value` (2: bfloat16, as the pairs' gin files load them). Parameter counts come from the model
   itself (shapes only, nothing allocated)."""
-  import jax
   from specdec.models import gemma2
   weights = cache = 0
   kv_heads = []
   for preset in ("gemma2_2b", f"gemma2_{verifier}"):
     config = gemma2.Gemma2Config(vocab_size=256_000, **gemma2.PRESETS[preset])
-    shapes = jax.eval_shape(lambda key, config=config: gemma2.init(config, key).params, jax.random.PRNGKey(0))
-    weights += sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)) * bytes_per_value
+    weights += _parameter_count(preset) * bytes_per_value
     cache += 2 * config.num_layers * config.num_kv_heads * config.head_dim * cache_length * batch_size * bytes_per_value
     kv_heads.append(config.num_kv_heads)
   return weights, cache, math.gcd(*kv_heads)
+
+
+@functools.lru_cache(maxsize=None)
+def _parameter_count(preset: str) -> int:
+  """A Gemma 2 preset's parameters at the 256k vocabulary, from its shapes (tracing a 27B init takes seconds)."""
+  import jax
+  from specdec.models import gemma2
+  config = gemma2.Gemma2Config(vocab_size=256_000, **gemma2.PRESETS[preset])
+  shapes = jax.eval_shape(lambda key: gemma2.init(config, key).params, jax.random.PRNGKey(0))
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
 
 
 def size_mesh(tpu: str, verifier: str, cache_length: int, batch_size: int, bytes_per_value: int = 2) -> Sizing:

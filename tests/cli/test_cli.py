@@ -291,10 +291,11 @@ def test_prompt_sets_share_one_width_and_one_batch_shape():
 
 def test_another_prompt_set_temperature_or_alpha_takes_every_program_from_the_cache(pair, tmp_path):
   """The compiled programs' shapes do not depend on the prompts (width: the task's budget; rows: the batch
-  size) and T, top-p and α are traced: a rerun with other values compiles nothing."""
+  size) and T, top-p and α are traced: a rerun with other values compiles nothing (top-p below 1 in both
+  runs: a program holds the top-p search only where top_p < 1, `Sampling.truncation`)."""
   base = ["--drafter", pair[0], "--verifier", pair[1], "--task", "debian_synopsis", "--max_new_tokens", "4",
           "--cache_dir", str(tmp_path / "cache"), "--method", "token_cascade"]
-  runs = [["--prompt", "a tool", "--prompt", "a library", "--alpha", "0.1", "--temperature", "0"],
+  runs = [["--prompt", "a tool", "--prompt", "a library", "--alpha", "0.1", "--temperature", "0", "--top_p", "0.95"],
           ["--prompt", "an image editor for the desktop with layers and filters", "--prompt", "x", "--prompt", "y",
            "--alpha", "0.7", "--temperature", "0.8", "--top_p", "0.9", "--seed", "5"]]
   summaries = [subprocess.run(command("generate", *base, *extra), capture_output=True, text=True, check=True,

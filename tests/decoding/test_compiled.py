@@ -83,7 +83,7 @@ def test_lower_from_shapes_alone_builds_the_program_of_the_arrays():
   compiles the same program as from weights and token ids: what `specdec-plan` compiles for a TPU."""
   drafter, verifier = _pair("tiny")
   device = jax.devices()[0]
-  kwargs = dict(method="speculative", max_new_tokens=NEW, temperature=1.0, top_p=0.9, eos_id=None, gamma=3)
+  kwargs = dict(method="speculative", max_new_tokens=NEW, temperature=1.0, eos_id=None, gamma=3)
   from_shapes = decoding.lower(jax.random.PRNGKey(0), partitioning.abstract_model(drafter, device),
                                partitioning.abstract_model(verifier, device),
                                jax.ShapeDtypeStruct((BATCH, PROMPT), jnp.int32), **kwargs).compile()

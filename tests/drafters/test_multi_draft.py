@@ -149,15 +149,18 @@ def test_counters_charge_the_scored_tree(temperature):
 
 
 def test_temperature_and_top_p_sweep_compiles_once():
-  """The program of `test_counters_charge_the_scored_tree` (the same shapes and static parameters, so the
-  first call here finds it compiled): other temperatures and top-P, greedy included, add no program."""
+  """A sweep over temperature and top-P (the top-p search in its program at every point, as the sweep asks
+  with `truncation=True`), greedy included, compiles one program."""
   drafter, verifier = _transformers(12)
   prompts = jnp.asarray(np.random.default_rng(0).integers(0, 12, (4, 5)), jnp.int32)
   kw = dict(method="spectr", num_drafts=8, gamma=2, max_new_tokens=16, eos_id=None)
-  decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, temperature=1.0, **kw)
+  run = lambda temperature, top_p: decoding.generate(
+      jax.random.PRNGKey(0), drafter, verifier, prompts, sampling=decoding.Sampling(temperature, top_p, truncation=True),
+      **kw)
+  run(1.0, 1.0)
   before = decoding._generate._cache_size()
   for temperature, top_p in [(0.5, 1.0), (1.0, 0.9), (0.0, 1.0), (0.8, 0.5)]:
-    decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, temperature=temperature, top_p=top_p, **kw)
+    run(temperature, top_p)
   assert decoding._generate._cache_size() == before
 
 

@@ -6,23 +6,25 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from specdec import decoding, models
+from specdec import models
+from specdec.core import sampling
 from specdec.cli import plan as plan_cli
 from specdec.evaluation import hlo, plan
-from specdec.models import partitioning
-from specdec.models.transformer import TransformerConfig, init
 
 if plan.libtpu_version() is None:
   pytest.skip("libtpu is not installed (pip install -c constraints.txt libtpu; Linux x86-64 only)",
               allow_module_level=True)
 
 BATCH, PROMPT, NEW, GAMMA = 4, 16, 32, 3
-# Every dimension a multiple of TPU v4's 128 lanes (head_dim 128), so the chips store the weights unpadded.
-CONFIG = dict(vocab_size=1024, max_len=128, emb_dim=256, num_layers=2, num_heads=2, qkv_dim=256, mlp_dim=512,
-              dtype=jnp.bfloat16)
+# Every dimension a multiple of TPU v4's 128 lanes (head_dim 128), so the chips store the weights unpadded and
+# the Pallas kernel attends each device's head: a preset of the test's own, planned by `specdec-plan`.
+LANES = dict(emb_dim=256, num_layers=2, num_heads=2, qkv_dim=256, mlp_dim=512)
+VOCAB = 1024
+ARGV = ["--topology", "v4-8", "--mesh", "2,2", "--drafter", "lanes", "--verifier", "lanes", "--vocab_size", str(VOCAB),
+        "--gamma", str(GAMMA), "--batch_size", str(BATCH), "--prompt_width", str(PROMPT), "--max_new_tokens", str(NEW),
+        "--acceptance", "0.5,0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -30,69 +32,83 @@ def v4_8():
   return plan.topology("v4-8")
 
 
-def _abstract_pair(target):
-  build = lambda seed: jax.eval_shape(lambda: init(TransformerConfig(**CONFIG), jax.random.PRNGKey(seed)))
-  return partitioning.abstract_model(build(1), target), partitioning.abstract_model(build(2), target)
+@pytest.fixture
+def lanes_preset(monkeypatch):
+  monkeypatch.setitem(models.PRESETS, "lanes", LANES)
 
 
-def _compiled(target, **sampling):
-  drafter, verifier = _abstract_pair(target)
-  prompts = jax.ShapeDtypeStruct((BATCH, PROMPT), jnp.int32)
-  lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, prompts, method="speculative",
-                           max_new_tokens=NEW, eos_id=None, gamma=GAMMA, **sampling)
-  return lowered.compile(), drafter, verifier
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory, v4_8):
+  """`specdec-plan` of a pair of LANES models on a v4-8's (2, 2) (data, model) mesh, compiled once for the
+  module: (argv, what it returned, the folder it wrote)."""
+  folder = tmp_path_factory.mktemp("plan")
+  argv = ARGV + ["--cache_dir", str(folder / "cache"), "--output", str(folder / "plan.json")]
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setitem(models.PRESETS, "lanes", LANES)
+    return argv, plan_cli.main(argv), folder
 
 
-def test_speculative_program_for_a_v4_mesh_is_the_tpu_program(v4_8):
-  mesh = partitioning.make_mesh(data=2, model=2, devices=v4_8.devices)
-  compiled, drafter, verifier = _compiled(mesh, temperature=1.0, top_p=0.9)
-  program = hlo.parse(compiled.as_text())
+def test_speculative_program_for_a_v4_mesh_is_the_tpu_program(planned, v4_8, monkeypatch):
+  """The plan's decode program (sampling at T = 1 with the top-p search, as a sweep over top-P compiles it),
+  read back from the plan's cache of compiled programs."""
+  argv, written, folder = planned
+  monkeypatch.setattr(plan, "_compile", lambda lowered: pytest.fail("not the plan's program"))
+  [report] = written["plans"]
+  setting = plan.Setting(verifier="lanes", drafter="lanes", vocab_size=VOCAB, params=(("gamma", GAMMA),),
+                         batch_size=BATCH, prompt_width=PROMPT, max_new_tokens=NEW)
+  facts = plan.decode_facts(setting, v4_8, (2, 2), cache=plan.ProgramCache(str(folder / "cache")))
+  program = hlo.parse(facts["hlo"])
   # The TPU's top-p search (no loop) although this process's backend is the CPU: the decode loop and the
   # drafter's loop only. The CPU's search ("bisection") adds loops of its own (checked below).
   assert [loop.depth for loop in hlo.loops(program)] == [0, 1]
   # No cache-sized buffer copied inside the loops (the in-place cache holds on TPU), nor relayouted inside a
   # fusion: the caches are slot-major, [C, B, K·D], and attended by the Pallas kernel where they lie (one custom
   # call per layer and call; with XLA's attention dot, one relayout per K and V of each layer and verification).
-  cache_length = decoding.required_cache_length(decoding.METHODS["speculative"], dict(gamma=GAMMA), verifier,
-                                                decoding.as_drafter(drafter), PROMPT, NEW)
+  cache_length = report["cache_length"]
   per_layer = (BATCH // 2) * (2 // 2) * cache_length * 128
   for loop in hlo.loops(program):
     assert hlo.moves(program, per_layer, scope=loop, include_fused=True,
                      shape_filter=hlo.dims_contain(cache_length)) == []
-  assert "tpu_custom_call" in compiled.as_text()
+  assert "tpu_custom_call" in facts["hlo"]
   # Each chip reads its share of the batch: the prompts enter as [B / data, L].
   parameters = [i for i in program.computations[program.entry] if i.op == "parameter"]
   prompt_shapes = {s.dims for i in parameters for s in i.shapes if s.dtype == "s32" and len(s.dims) == 2}
   assert prompt_shapes == {(BATCH // 2, PROMPT)}
   # Memory: the arguments are the weights' per-chip shares (and the small inputs), within 10 %.
-  weights = plan.per_device_bytes([drafter.params, verifier.params])
-  arguments = compiled.memory_analysis().argument_size_in_bytes
-  assert weights <= arguments <= 1.1 * weights
+  weights = report["pytrees"]["weights"]
+  assert weights <= facts["memory"]["arguments"] <= 1.1 * weights
 
 
 def test_a_cpu_top_p_search_would_show_as_loops(v4_8):
-  """The loop count above can fail: the CPU's bisection search, named explicitly, compiles loops of its own."""
-  compiled, _, _ = _compiled(v4_8.devices[0], sampling=decoding.Sampling(temperature=1.0, top_p=0.9,
-                                                                         top_p_method="bisection"))
-  assert len(hlo.loops(hlo.parse(compiled.as_text()))) > 2
+  """The loop count above can fail: the CPU's bisection search, compiled for the TPU, has loops of its own;
+  the TPU's has none."""
+  logits = jax.ShapeDtypeStruct((BATCH, GAMMA + 1, VOCAB), jnp.float32,
+                                sharding=jax.sharding.SingleDeviceSharding(v4_8.devices[0]))
+  for method, has_loops in (("bisection", True), ("top_k", False)):
+    compiled = jax.jit(lambda x, method=method: sampling.transform(x, 1.0, 0.9, method=method)).lower(logits).compile()
+    assert bool(hlo.loops(hlo.parse(compiled.as_text()))) == has_loops, method
 
 
-def test_specdec_plan_writes_a_report_and_reuses_its_cache(tmp_path, v4_8, monkeypatch, capsys):
-  argv = ["--topology", "v4-8", "--mesh", "2,2", "--drafter", "tiny", "--verifier", "tiny", "--vocab_size", "256",
-          "--gamma", "3", "--batch_size", "4", "--prompt_width", "16", "--max_new_tokens", "16",
-          "--acceptance", "0.5,0.9", "--cache_dir", str(tmp_path / "cache"), "--output", str(tmp_path / "plan.json")]
-  written = plan_cli.main(argv)
-  assert json.loads((tmp_path / "plan.json").read_text()) == json.loads(json.dumps(written))
+def test_specdec_plan_writes_a_report_and_reuses_its_cache(planned, lanes_preset, monkeypatch):
+  argv, written, folder = planned
+  assert json.loads((folder / "plan.json").read_text()) == json.loads(json.dumps(written))
   [report] = written["plans"]
-  table = (tmp_path / "plan.md").read_text()
-  assert "## Memory per chip" in table and "## Roofline tokens/s" in table
+  table = (folder / "plan.md").read_text()
+  assert "## Memory per chip" in table and "## Roofline tokens/s" in table and "in branches" in table
   assert report["program"]["fits"] and report["mesh"] == dict(data=2, model=2)
   assert set(report["calls"]) == {"verifier_step", "verifier_call", "verifier_prefill", "drafter_step",
                                   "drafter_prefill"}
-  for call in report["calls"].values():
-    assert call["flops"] > 0 and call["hbm_bytes"] > 0 and call["padding"] >= 1
+  for name, call in report["calls"].items():
+    assert call["flops"] > 0 and call["hbm_bytes"] > 0 and call["padding"] >= 1 and call["over_arguments"] >= 1
     assert call["collectives"]["all-reduce"]["count"] > 0    # a 'model' axis of 2: Megatron all-reduces
-  assert [row["depth"] for row in report["program"]["loops"]] == [-1, 0, 1]
+  for step in ("verifier_step", "drafter_step"):             # weights and cache read once, tiles unpadded
+    assert report["calls"][step]["over_arguments"] < 1.1
+  loops = report["program"]["loops"]
+  assert [row["depth"] for row in loops] == [-1, 0, 1]
+  # The top-p search's rare fallback (an exact search for a nucleus beyond the top-k candidates) lies in a
+  # conditional's branch: its moves are counted apart from what every iteration runs.
+  decode_loop = loops[1]
+  assert decode_loop["block"]["in_branches"]["materialized"] <= decode_loop["block"]["materialized"]
   speeds = report["speeds"]["speculative"]
   assert [row["acceptance"] for row in speeds] == [0.5, 0.9] and speeds[0]["speedup"] < speeds[1]["speedup"]
   # A re-run reads every analysis from the cache: nothing is compiled.

@@ -479,6 +479,12 @@ def test_distillation_run_starts_from_an_export_and_rejects_bad_settings(tmp_pat
                                 **{**kwargs, "vocab_size": 2 * V})
 
 
+@functools.lru_cache(maxsize=None)
+def _abstract_t5(preset: str):
+  """The preset's shapes at T5's vocabulary (traced once per preset: an XL init traces for seconds)."""
+  return jax.eval_shape(functools.partial(models.build, preset, vocab_size=32128))
+
+
 @pytest.mark.parametrize("size, preset, mesh", [("small", "t5_small", (-1, 1)), ("large", "t5_large", (-1, 2)),
                                                 ("xl", "t5_xl", (-1, 8))])
 @pytest.mark.parametrize("task, steps", [("wmt", 250_000), ("xsum", 100_000), ("cnndm", 200_000)])
@@ -497,7 +503,7 @@ def test_paper_t5_configs_bind_the_papers_fine_tuning(size, preset, mesh, task, 
     assert "specdec_" + query("seqio_batches.task") in seqio_tasks.SEQIO_TASKS
   finally:
     gin.clear_config()
-  model = jax.eval_shape(functools.partial(models.build, preset, vocab_size=32128))
+  model = _abstract_t5(preset)
   assert models.count_params(model) > 7e7
   axes = jax.tree.leaves(partitioning.logical_axes(model.params), is_leaf=lambda x: isinstance(x, tuple))
   for names, leaf in zip(axes, jax.tree.leaves(model.params)):
