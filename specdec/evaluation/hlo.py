@@ -283,8 +283,8 @@ def parse(hlo_text: str) -> Program:
   for instruction in program.instructions.values():
     instruction.calls = {attribute: names for attribute, names in instruction.calls.items()
                          if all(name in computations for name in names)}
-  _mark_fused(program, entry, fused=False, seen=set())
-  _mark_conditional(program, entry, conditional=False, seen=set())
+  _mark(program, entry, "fused", False, _fused_inside(program), set())
+  _mark(program, entry, "conditional", False, _conditional_inside, set())
   return program
 
 
@@ -294,37 +294,35 @@ def _wraps_one_op(program: Program, computation: str) -> bool:
   return len(work) == 1
 
 
-def _mark_fused(program: Program, computation: str, fused: bool, seen: set[str]) -> None:
-  # A computation is marked on its first visit: one called from several places (a shared reducer) is
-  # called the same way from each.
+def _mark(program: Program, computation: str, field: str, value: bool, inner: Callable[..., bool],
+          seen: set[str]) -> None:
+  """Sets `field` of the instructions of `computation` to `value`, and of the computations they call, each
+  to `inner(instruction, attribute, callee, value)`. A computation is marked on its first visit: one called
+  from several places (a shared reducer) is called the same way from each."""
   if computation in seen or computation not in program.computations:
     return
   seen.add(computation)
   for instruction in program.computations[computation]:
-    instruction.fused = fused
+    setattr(instruction, field, value)
     for attribute, names in instruction.calls.items():
       for name in names:
-        if attribute in _APPLIED and instruction.op != "call":  # a call's to_apply is inlined code
-          inner = True
-        elif instruction.op == "fusion":
-          # A top-level fusion around one op is how XLA:CPU emits that op: it writes its own buffer.
-          inner = fused or not _wraps_one_op(program, name)
-        else:
-          inner = fused
-        _mark_fused(program, name, inner, seen)
+        _mark(program, name, field, inner(instruction, attribute, name, value), inner, seen)
 
 
-def _mark_conditional(program: Program, computation: str, conditional: bool, seen: set[str]) -> None:
-  if computation in seen or computation not in program.computations:
-    return
-  seen.add(computation)
-  for instruction in program.computations[computation]:
-    instruction.conditional = conditional
-    for attribute, names in instruction.calls.items():
-      # A loop's body and condition run on each of its iterations: a scope of their own, unconditional in it.
-      inner = False if instruction.op == "while" else conditional or attribute in _BRANCHES
-      for name in names:
-        _mark_conditional(program, name, inner, seen)
+def _fused_inside(program: Program) -> Callable[..., bool]:
+  def inner(instruction: Instruction, attribute: str, callee: str, fused: bool) -> bool:
+    if attribute in _APPLIED and instruction.op != "call":  # a call's to_apply is inlined code
+      return True
+    if instruction.op == "fusion":
+      # A top-level fusion around one op is how XLA:CPU emits that op: it writes its own buffer.
+      return fused or not _wraps_one_op(program, callee)
+    return fused
+  return inner
+
+
+def _conditional_inside(instruction: Instruction, attribute: str, callee: str, conditional: bool) -> bool:
+  # A loop's body and condition run on each of its iterations: a scope of their own, unconditional in it.
+  return False if instruction.op == "while" else conditional or attribute in _BRANCHES
 
 
 def loops(program: Program) -> list[Loop]:
