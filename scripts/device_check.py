@@ -61,7 +61,7 @@ def main() -> int:
     parallel, test_env = [], env
     if args.workers > 1 and importlib.util.find_spec("xdist") is not None:
       parallel, test_env = ["-n", str(args.workers)], {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    steps.append(("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *parallel,
+    steps.append(("tests", [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *parallel,
                             *DEVICE_TESTS], test_env))
   if not args.tests_only:
     steps.append(("bench", [sys.executable, "-m", "specdec.cli.bench", "backend", "--quick", "--cache_dir", CACHE],
