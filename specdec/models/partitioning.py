@@ -213,12 +213,17 @@ def gather_vocab(logits: Any) -> Any:
   Under a mesh (`jax.sharding.use_abstract_mesh`, as `decoding.generate` traces sharded models) the output
   projection leaves the logits split over 'model'; S(·), the targets, the acceptance test and sampling all
   reduce over V, and each such reduction would otherwise gather or all-reduce them again. Gathering them
-  once per model call makes the sampling math local. Without a mesh (or a 'model' axis of 1): `logits`."""
+  once per model call makes the sampling math local. Without a mesh (or a 'model' axis of 1): `logits`.
+
+  Gathered as [rows, V]: gathered as [B, n, V], the logits kept the layout the TPU compiler gives the output
+  projection (n outermost) and were relayouted whole after the gather for the sampling math; as rows, what is
+  relayouted is each device's share before it (Gemma 2 9B, batch 8, 4 devices: 74 MB of [B, γ + 1, V] moves per
+  block instead of 131 MB; experiments/tpu_v4_plan)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or MODEL not in mesh.axis_names or mesh.shape[MODEL] == 1:
     return logits
-  return jax.lax.with_sharding_constraint(logits, PartitionSpec(*[PartitionSpec.UNCONSTRAINED] * (logits.ndim - 1),
-                                                                None))
+  rows = logits.reshape(-1, logits.shape[-1])
+  return jax.lax.with_sharding_constraint(rows, PartitionSpec(PartitionSpec.UNCONSTRAINED, None)).reshape(logits.shape)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
