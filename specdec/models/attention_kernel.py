@@ -47,6 +47,33 @@ def reads_in_place(key_heads: int, head_dim: int) -> bool:
   return True
 
 
+# Of the 16 MiB of VMEM a v4 kernel may use by default (libtpu's scoped limit), what a grid step's blocks and
+# intermediates may take, the rest left to Mosaic.
+VMEM_BUDGET = 12 * 2**20
+
+
+def vmem_bytes(n: int, cache_length: int, *, key_heads: int, groups: int, head_dim: int, itemsize: int,
+               has_bias: bool) -> int:
+  """What one grid step of `attend` holds in VMEM for n queries per query head over `cache_length` slots:
+  its blocks (queries, output, keys, values, the visible mask, the bias), each double-buffered by Pallas's
+  pipeline, and a head's float32 scores, exponentials and weights [G·n, C]."""
+  per_block, rows = heads_per_block(key_heads, head_dim), groups * n
+  blocks = (2 * per_block * rows * head_dim * itemsize + 2 * cache_length * per_block * head_dim * itemsize
+            + n * cache_length * 4 + (per_block * rows * cache_length * 4 if has_bias else 0))
+  return 2 * blocks + 3 * rows * cache_length * 4
+
+
+def takes(n: int, cache_length: int, *, key_heads: int, groups: int, head_dim: int, itemsize: int,
+          has_bias: bool) -> bool:
+  """Whether `attend` takes this call: its heads have a block of whole lanes (`reads_in_place`) and a grid
+  step fits `VMEM_BUDGET`. A decode step or a verification does; a long prompt's prefill (2,048 queries over
+  2,370 slots: 39 MB of visible mask alone) does not, and is attended by XLA (the kernel does not tile the
+  queries: it is built for the loop's few)."""
+  return reads_in_place(key_heads, head_dim) and vmem_bytes(
+      n, cache_length, key_heads=key_heads, groups=groups, head_dim=head_dim, itemsize=itemsize,
+      has_bias=has_bias) <= VMEM_BUDGET
+
+
 def attend(query: Array, keys: Array, values: Array, visible: Array, *, key_heads: int, bias: Array | None = None,
            soft_cap: float | None = None, interpret: bool = False) -> Array:
   """Masked softmax attention over a slot-major cache: query [B, n, H, D], keys and values [C, B, K·D] (K =

@@ -168,8 +168,9 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Ar
 
 def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None,
                        soft_cap: float | None) -> Array:
-  """`attend` over [C, B, K·D] caches: the Pallas kernel where the program is lowered for TPU, XLA's
-  head-major attention over a transposed view elsewhere (the layout decoded on a CPU: tests)."""
+  """`attend` over [C, B, K·D] caches: the Pallas kernel where the program is lowered for TPU and the call
+  fits it (`attention_kernel.takes`: decode steps and verifications), XLA's head-major attention over a
+  transposed view elsewhere (a long prompt's prefill; the layout decoded on a CPU: tests)."""
   from specdec.models import attention_kernel   # Pallas: imported only by programs that use the layout
   b, n, h, d = query.shape
   c, k = keys.shape[0], keys.shape[2] // d
@@ -181,7 +182,8 @@ def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array,
     head_major = lambda x: x.reshape(c, b, k, d).transpose(1, 2, 0, 3)  # noqa: E731
     return attend(query, head_major(keys), head_major(values), visible, bias=bias, soft_cap=soft_cap)
 
-  if not attention_kernel.reads_in_place(attention_kernel.local_key_heads(k), d):
+  if not attention_kernel.takes(n, c, key_heads=attention_kernel.local_key_heads(k), groups=h // k, head_dim=d,
+                                itemsize=keys.dtype.itemsize, has_bias=bias is not None):
     return elsewhere(query, keys, values, visible, bias)
   return jax.lax.platform_dependent(query, keys, values, visible, bias, tpu=on_tpu, default=elsewhere)
 

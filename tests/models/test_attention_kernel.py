@@ -44,6 +44,17 @@ def test_heads_that_make_no_whole_lane_block_are_left_to_xla():
   assert not attention_kernel.reads_in_place(2, 32)   # 64 lanes in all: XLA attends (test-sized models)
 
 
+def test_a_call_too_large_for_vmem_is_left_to_xla():
+  """GSM8K's shapes for Gemma 2 27B on 4 chips (4 key heads of 128 per chip, 2 queries per key head): the
+  decode loop's calls over 2,370 slots take the kernel, the 2,048-token prompt's prefill does not (its visible
+  mask alone is 39 MB, the chip's scoped VMEM 16 MiB)."""
+  shape = dict(key_heads=4, groups=2, head_dim=128, itemsize=2, has_bias=False)
+  assert attention_kernel.takes(1, 2370, **shape) and attention_kernel.takes(2, 2370, **shape)
+  assert not attention_kernel.takes(2048, 2370, **shape)
+  assert attention_kernel.vmem_bytes(2048, 2370, **shape) > 16 * 2**20 > attention_kernel.vmem_bytes(2, 2370, **shape)
+  assert not attention_kernel.takes(8, 64, **(shape | dict(head_dim=32, key_heads=2)))   # no whole-lane block
+
+
 def test_the_layout_follows_the_platform_traced_for_unless_forced():
   shapes = {}
   for platform, forced in [("cpu", None), ("tpu", None), ("cpu", "slots")]:

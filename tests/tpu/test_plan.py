@@ -148,3 +148,17 @@ def test_a_feature_drafter_is_planned_with_its_head_step_and_reread(tmp_path):
   [row] = report["speeds"]["speculative"]
   assert row["block_us"] == pytest.approx(3 * calls["drafter_step"]["roofline_us"] + calls["verifier_call"]["roofline_us"]
                                           + calls["drafter_reread"]["roofline_us"])
+
+
+def test_a_long_prompts_prefill_compiles_for_a_chip(lanes_preset, v4_8):
+  """A 2,048-token prefill of a model whose heads the Pallas kernel reads: the kernel does not tile the
+  queries, and its blocks for this call (a 2,048 × 2,064 visible mask) exceed the chip's scoped VMEM, which
+  made libtpu refuse GSM8K's prefills; XLA attends such a call (`attention_kernel.takes`), and the decode
+  steps keep the kernel."""
+  setting = plan.Setting(verifier="lanes", drafter=None, vocab_size=VOCAB, method="autoregressive", params=(),
+                         batch_size=1, prompt_width=2048, max_new_tokens=16)
+  chip = v4_8.devices[0]
+  _, model = plan.abstract_pair(setting, chip)
+  prefill = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=2048, prefill=True).compile()
+  step = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=1).compile()
+  assert "tpu_custom_call" not in prefill.as_text() and "tpu_custom_call" in step.as_text()
