@@ -52,15 +52,25 @@ def reads_in_place(key_heads: int, head_dim: int) -> bool:
 VMEM_BUDGET = 12 * 2**20
 
 
+def _tiled(size: int, tile: int) -> int:
+  return -(-size // tile) * tile
+
+
 def vmem_bytes(n: int, cache_length: int, *, key_heads: int, groups: int, head_dim: int, itemsize: int,
                has_bias: bool) -> int:
-  """What one grid step of `attend` holds in VMEM for n queries per query head over `cache_length` slots:
-  its blocks (queries, output, keys, values, the visible mask, the bias), each double-buffered by Pallas's
-  pipeline, and a head's float32 scores, exponentials and weights [G·n, C]."""
-  per_block, rows = heads_per_block(key_heads, head_dim), groups * n
-  blocks = (2 * per_block * rows * head_dim * itemsize + 2 * cache_length * per_block * head_dim * itemsize
-            + n * cache_length * 4 + (per_block * rows * cache_length * 4 if has_bias else 0))
-  return 2 * blocks + 3 * rows * cache_length * 4
+  """What one grid step of `attend` holds in VMEM for n queries per query head over `cache_length` slots, as
+  Mosaic stores it (sublanes rounded up to whole tiles: 8 rows of 32 bits, 16 of 16; lanes to 128): its blocks
+  (queries, output, keys, values, the visible mask, the bias), each double-buffered by Pallas's pipeline, and
+  one head's intermediates over [G·n, C] — the repeated mask and its booleans, the float32 scores, masked
+  scores, exponentials and weights, the weights in the values' dtype — and its keys transposed."""
+  per_block = heads_per_block(key_heads, head_dim)
+  sublanes = 32 // (8 * itemsize) * 8        # rows per tile of this dtype: 8 (float32), 16 (bfloat16)
+  rows, wide_rows = _tiled(groups * n, 8), _tiled(groups * n, sublanes)
+  slots, lanes = _tiled(cache_length, sublanes), _tiled(cache_length, 128)
+  blocks = (2 * per_block * wide_rows * head_dim * itemsize + 2 * slots * per_block * head_dim * itemsize
+            + _tiled(n, 8) * lanes * 4 + (per_block * rows * lanes * 4 if has_bias else 0))
+  intermediates = rows * lanes * (4 + 1 + 4 * 4) + wide_rows * lanes * itemsize + head_dim * lanes * itemsize
+  return 2 * blocks + intermediates
 
 
 def takes(n: int, cache_length: int, *, key_heads: int, groups: int, head_dim: int, itemsize: int,

@@ -139,8 +139,9 @@ def test_greedy_decoding_with_a_gemma2_pair_is_the_verifiers_greedy(method, para
                                             pytest.param("spectr", dict(num_drafts=3, gamma=2), marks=pytest.mark.slow)])
 def test_sampling_with_a_gemma2_pair_keeps_the_verifiers_sequence_law(method, params):
   """3 tokens over V = 4 after a 3-token prompt (20k rows, T = 1), window 2: the local layers' window moves
-  within every sequence. spectr's token trees (slow: 20k rows of 3 drafts) are checked in the default run by
-  the greedy test above and by SpecTr's law on the other models."""
+  within every sequence. spectr (slow: 20k rows of 3 drafts): the default run checks Gemma 2's token trees by
+  the greedy test above, SpecTr's law on the toy model and SpecInfer's through the transformer's trees
+  (tests/drafters/test_multi_draft.py)."""
   vocab, n_new, samples, prompt = 4, 3, 20_000, np.array([2, 0, 1])
   drafter, verifier = _pair(vocab, window=2, scale=0.25, max_length=32)   # far from one-hot laws
   out = decoding.generate(jax.random.PRNGKey(5), drafter, verifier, jnp.broadcast_to(jnp.asarray(prompt), (samples, 3)),

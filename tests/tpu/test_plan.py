@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from specdec import models
+from specdec.models import attention_kernel
 from specdec.core import sampling
 from specdec.cli import plan as plan_cli
 from specdec.evaluation import hlo, plan
@@ -162,3 +163,10 @@ def test_a_long_prompts_prefill_compiles_for_a_chip(lanes_preset, v4_8):
   prefill = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=2048, prefill=True).compile()
   step = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=1).compile()
   assert "tpu_custom_call" not in prefill.as_text() and "tpu_custom_call" in step.as_text()
+  # The widest call the budget lets the kernel take compiles within the chip's VMEM: the estimate is not short.
+  heads = dict(key_heads=LANES["num_heads"], groups=1, head_dim=LANES["qkv_dim"] // LANES["num_heads"], itemsize=2,
+               has_bias=False)
+  widest = max(n for n in range(1, 2049) if attention_kernel.takes(n, 2064, **heads))
+  assert 64 <= widest < 2048
+  call = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=widest).compile()
+  assert "tpu_custom_call" in call.as_text()
