@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import pytest
 
 from specdec import models
-from specdec.models import attention_kernel
-from specdec.core import sampling
 from specdec.cli import plan as plan_cli
+from specdec.core import sampling
 from specdec.evaluation import hlo, plan
+from specdec.models import attention_kernel
 
 if plan.libtpu_version() is None:
   pytest.skip("libtpu is not installed (pip install -c constraints.txt libtpu; Linux x86-64 only)",
