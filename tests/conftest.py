@@ -63,3 +63,14 @@ def release_compiled_programs():
   yield
   import jax
   jax.clear_caches()
+
+
+@pytest.fixture(scope="session")
+def v4_8():
+  """The 4 compile-only chips of a TPU v4-8 (`plan.topology`: libtpu compiles for them on this CPU, without a
+  TPU); skips the tests that ask for them, saying why, where libtpu is not installed or cannot make them."""
+  from specdec.evaluation import plan
+  try:
+    return plan.topology("v4-8")
+  except Exception as error:  # noqa: BLE001 - any libtpu failure means no TPU compiles here
+    pytest.skip(f"no TPU v4 topology from libtpu: {error}")

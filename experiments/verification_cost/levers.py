@@ -6,7 +6,7 @@ can pack the weights for its matmul library once instead of at every call), and 
 activations and matmuls (`TransformerConfig.dtype`; a different model numerically, so not a lossless
 option — measured to see whether the kernels for n ≥ 2 are the cost). Each variant's n-token cost is
 reported against the shipped one-token step of the same run, the block-cost figure speculative
-decoding pays. XLA flags were tried with scripts/bench_models.py (experiments/verification_cost/README.md).
+decoding pays. XLA flags were tried with `specdec-bench score` (experiments/verification_cost/README.md).
 
 Usage (repository root): python experiments/verification_cost/levers.py [--repeats 100]
 """

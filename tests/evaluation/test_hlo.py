@@ -7,7 +7,6 @@ text format, for what the small programs do not produce (asynchronous collective
 from __future__ import annotations
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -333,32 +332,19 @@ def _decode_like(cache, w):
 
 
 @pytest.fixture(scope="module")
-def tpu_programs() -> dict[str, hlo.Program]:
+def tpu_programs(v4_8) -> dict[str, hlo.Program]:
   """The decode-like loop compiled for one TPU v4 chip and for a (2, 2) mesh of four."""
-  pytest.importorskip("libtpu", reason="libtpu is not installed")
-  with pytest.MonkeyPatch.context() as patch:
-    # libtpu reads these when it loads: no metadata server lookups, and a second process (another test
-    # run, a plan) may compile at the same time.
-    for name, value in (("TPU_ACCELERATOR_TYPE", "v4-8"), ("TPU_WORKER_HOSTNAMES", "localhost")):
-      if name not in os.environ:
-        patch.setenv(name, value)
-    patch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax.experimental import topologies
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
-    try:
-      devices = topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x1",
-                                             chip_config_name="megacore").devices
-    except Exception as error:  # noqa: BLE001 - any libtpu failure means no TPU compiles here
-      pytest.skip(f"no TPU v4 topology from libtpu: {error}")
-    one = SingleDeviceSharding(devices[0])
-    mesh = Mesh(np.array(devices).reshape(2, 2), ("data", "model"))
-    layouts = {"chip": (one, one), "mesh": (NamedSharding(mesh, PartitionSpec("data", None, "model")),
-                                            NamedSharding(mesh, PartitionSpec("model", None)))}
-    programs = {}
-    for label, (cache_sharding, w_sharding) in layouts.items():
-      cache = jax.ShapeDtypeStruct(CACHE_DIMS, jnp.bfloat16, sharding=cache_sharding)
-      w = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=w_sharding)
-      programs[label] = hlo.parse(jax.jit(_decode_like).lower(cache, w).compile().as_text())
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+  devices = v4_8.devices
+  one = SingleDeviceSharding(devices[0])
+  mesh = Mesh(np.array(devices).reshape(2, 2), ("data", "model"))
+  layouts = {"chip": (one, one), "mesh": (NamedSharding(mesh, PartitionSpec("data", None, "model")),
+                                          NamedSharding(mesh, PartitionSpec("model", None)))}
+  programs = {}
+  for label, (cache_sharding, w_sharding) in layouts.items():
+    cache = jax.ShapeDtypeStruct(CACHE_DIMS, jnp.bfloat16, sharding=cache_sharding)
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=w_sharding)
+    programs[label] = hlo.parse(jax.jit(_decode_like).lower(cache, w).compile().as_text())
   return programs
 
 

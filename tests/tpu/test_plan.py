@@ -28,11 +28,6 @@ ARGV = ["--topology", "v4-8", "--mesh", "2,2", "--drafter", "lanes", "--verifier
         "--acceptance", "0.5,0.9"]
 
 
-@pytest.fixture(scope="module")
-def v4_8():
-  return plan.topology("v4-8")
-
-
 @pytest.fixture
 def lanes_preset(monkeypatch):
   monkeypatch.setitem(models.PRESETS, "lanes", LANES)
