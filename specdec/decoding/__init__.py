@@ -11,7 +11,6 @@ traced ones) are arguments: a sweep compiles once per (method, static parameters
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any
 
 import jax
@@ -132,7 +131,7 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
   args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
                           sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
                           row_ids=row_ids, params=params)
-  out = _generate(key, *args, **static)
+  out = _program(static["platform"])(key, *args, **static)
   failed = np.asarray(out.failed)
   if failed.any():
     raise FloatingPointError(f"NaN logits reached rows {np.flatnonzero(failed).tolist()} of the batch; "
@@ -159,7 +158,7 @@ def lower(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts:
                           row_ids=row_ids, params=params)
   if _abstract(args[2]):
     key = partitioning.abstract_batch(key, static["mesh"] or partitioning.device_of(verifier), -1)
-  return _generate.lower(key, *args, **static)
+  return _program(static["platform"]).lower(key, *args, **static)
 
 
 def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_tokens, sampling, temperature, top_p,
@@ -216,10 +215,8 @@ def _cache_layout(platform: str) -> str:
     return base.cache_layout()
 
 
-@functools.partial(jax.jit, static_argnames=("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh",
-                                             "platform", "cache_layout"))
-def _generate(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, traced, *, method, static,
-              max_new_tokens, eos_id, cache_length, mesh, platform, cache_layout) -> Output:
+def _decode(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, traced, *, method, static,
+            max_new_tokens, eos_id, cache_length, mesh, platform, cache_layout) -> Output:
   # Traced under the models' mesh, if any: the models then gather their logits over 'model' once per call
   # (`partitioning.gather_vocab`); for the models' platform (`common.target_platform`), its caches in
   # `cache_layout`.
@@ -228,6 +225,22 @@ def _generate(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling
     return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths,
                                   sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
                                   cache_length=cache_length, **traced, **dict(static))
+
+
+# XLA options of the decode programs built for TPU. No memory-space assignment into a v4 chip's CMEM: it moved
+# KV caches small enough to fit there (T5 large's at batch 1, Gemma 2 9B's at batch 8) into CMEM and back to HBM
+# whole on every iteration of the decode loop, around a write of a few slots — traffic a loop that reads
+# each weight and cache entry once per call does not win back (experiments/tpu_v4_plan). Chips without
+# CMEM (v5e) ignore it.
+TPU_COMPILER_OPTIONS = {"xla_tpu_cmem_memory_space_assignment": False}
+_STATIC = ("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh", "platform", "cache_layout")
+_generate = jax.jit(_decode, static_argnames=_STATIC)
+_generate_tpu = jax.jit(_decode, static_argnames=_STATIC, compiler_options=TPU_COMPILER_OPTIONS)
+
+
+def _program(platform: str) -> Any:
+  """The jitted decode loop for programs built for `platform`."""
+  return _generate_tpu if platform == "tpu" else _generate
 
 
 # The method list of `generate`'s docstring, from the registry (no docstrings under python -OO).
