@@ -168,9 +168,10 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Ar
 
 def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None,
                        soft_cap: float | None) -> Array:
-  """`attend` over [C, B, K·D] caches: the Pallas kernel where the program is lowered for TPU and the call
-  fits it (`attention_kernel.takes`: decode steps and verifications), XLA's head-major attention over a
-  transposed view elsewhere (a long prompt's prefill; the layout decoded on a CPU: tests)."""
+  """`attend` over [C, B, K·D] caches: the Pallas kernel where the program is lowered for TPU and the kernel
+  takes the call (`attention_kernel.takes`: decode steps and verifications whole, a long prompt's prefill in
+  blocks of queries), XLA's head-major attention over a transposed view elsewhere (heads with no block of whole
+  lanes; the layout decoded on a CPU: tests)."""
   from specdec.models import attention_kernel   # Pallas: imported only by programs that use the layout
   b, n, h, d = query.shape
   c, k = keys.shape[0], keys.shape[2] // d

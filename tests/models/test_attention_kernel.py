@@ -20,8 +20,13 @@ CASES = [(2, 4, 3, 1, 16, 128, 0, None),      # one 128-lane head per block
          (1, 5, 4, 2, 16, 32, 0, 5.0)]        # four heads of 32 per block
 
 
-@pytest.mark.parametrize("b, n, k, g, c, d, bias_rows, soft_cap", CASES)
-def test_the_kernel_attends_as_base_attend_does(b, n, k, g, c, d, bias_rows, soft_cap):
+# + a call in blocks of queries (a long prompt's prefill): 16 queries, 8 per grid step
+BLOCKED = [(2, 16, 2, 2, 24, 128, 1, 30.0, 8), (1, 24, 4, 1, 16, 64, 1, None, 8)]
+
+
+@pytest.mark.parametrize("b, n, k, g, c, d, bias_rows, soft_cap, block",
+                         [case + (None,) for case in CASES] + BLOCKED)
+def test_the_kernel_attends_as_base_attend_does(b, n, k, g, c, d, bias_rows, soft_cap, block):
   rng = np.random.default_rng(c + d)
   keys, values = (jnp.asarray(rng.normal(size=(c, b, k * d)), jnp.float32) for _ in range(2))
   query = jnp.asarray(rng.normal(size=(b, n, k * g, d)) * 0.3, jnp.float32)
@@ -30,7 +35,7 @@ def test_the_kernel_attends_as_base_attend_does(b, n, k, g, c, d, bias_rows, sof
   head_major = lambda x: x.reshape(c, b, k, d).transpose(1, 2, 0, 3)  # noqa: E731
   want = base.attend(query, head_major(keys), head_major(values), visible, bias=bias, soft_cap=soft_cap)
   got = attention_kernel.attend(query, keys, values, visible, key_heads=k, bias=bias, soft_cap=soft_cap,
-                                interpret=True)
+                                block=block, interpret=True)
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
   # and `base.attend` on the slot-major arrays (XLA's attention off TPU) is the same function
   np.testing.assert_allclose(base.attend(query, keys, values, visible, bias=bias, soft_cap=soft_cap), want,
@@ -44,15 +49,21 @@ def test_heads_that_make_no_whole_lane_block_are_left_to_xla():
   assert not attention_kernel.reads_in_place(2, 32)   # 64 lanes in all: XLA attends (test-sized models)
 
 
-def test_a_call_too_large_for_vmem_is_left_to_xla():
+def test_a_long_prefill_is_attended_in_blocks_of_queries_that_fit_vmem():
   """GSM8K's shapes for Gemma 2 27B on 4 chips (4 key heads of 128 per chip, 2 queries per key head): the
-  decode loop's calls over 2,370 slots take the kernel, the 2,048-token prompt's prefill does not (its visible
-  mask alone is 39 MB, the chip's scoped VMEM 16 MiB)."""
+  decode loop's calls over 2,370 slots take all their queries per grid step; the 2,048-token prompt's prefill
+  (its visible mask alone 39 MB, the chip's scoped VMEM 16 MiB) takes them in blocks that fit."""
   shape = dict(key_heads=4, groups=2, head_dim=128, itemsize=2, has_bias=False)
-  assert attention_kernel.takes(1, 2370, **shape) and attention_kernel.takes(2, 2370, **shape)
-  assert not attention_kernel.takes(2048, 2370, **shape)
-  assert attention_kernel.vmem_bytes(2048, 2370, **shape) > 16 * 2**20 > attention_kernel.vmem_bytes(2, 2370, **shape)
-  assert not attention_kernel.takes(8, 64, **(shape | dict(head_dim=32, key_heads=2)))   # no whole-lane block
+  assert attention_kernel.query_block(1, 2370, **shape) == 1 and attention_kernel.query_block(2, 2370, **shape) == 2
+  assert attention_kernel.vmem_bytes(2048, 2370, **shape) > 16 * 2**20
+  block = attention_kernel.query_block(2048, 2370, **shape)
+  assert block % 8 == 0 and 2048 % block == 0 and 8 <= block < 2048
+  assert attention_kernel.vmem_bytes(block, 2370, **shape) <= attention_kernel.VMEM_BUDGET \
+      < attention_kernel.vmem_bytes(2 * block, 2370, **shape)
+  assert attention_kernel.takes(2048, 2370, **shape)
+  # A width of no multiple of 8 is taken whole or not at all; heads with no whole-lane block never.
+  assert attention_kernel.query_block(2047, 2370, **shape) is None
+  assert not attention_kernel.takes(8, 64, **(shape | dict(head_dim=32, key_heads=2)))
 
 
 def test_the_layout_follows_the_platform_traced_for_unless_forced():

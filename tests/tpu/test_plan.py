@@ -156,21 +156,22 @@ def test_a_feature_drafter_is_planned_with_its_head_step_and_reread(tmp_path):
 
 
 def test_a_long_prompts_prefill_compiles_for_a_chip(lanes_preset, v4_8):
-  """A 2,048-token prefill of a model whose heads the Pallas kernel reads: the kernel does not tile the
-  queries, and its blocks for this call (a 2,048 × 2,064 visible mask) exceed the chip's scoped VMEM, which
-  made libtpu refuse GSM8K's prefills; XLA attends such a call (`attention_kernel.takes`), and the decode
-  steps keep the kernel."""
+  """A 2,048-token prefill of a model whose heads the Pallas kernel reads: a grid step of all its queries (a
+  2,048 × 2,064 visible mask) exceeds the chip's scoped VMEM, which made libtpu refuse GSM8K's prefills; the
+  kernel takes it in blocks of queries (`attention_kernel.query_block`), as it takes the decode steps whole."""
   setting = plan.Setting(verifier="lanes", drafter=None, vocab_size=VOCAB, method="autoregressive", params=(),
                          batch_size=1, prompt_width=2048, max_new_tokens=16)
   chip = v4_8.devices[0]
   _, model = plan.abstract_pair(setting, chip)
-  prefill = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=2048, prefill=True).compile()
-  step = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=1).compile()
-  assert "tpu_custom_call" not in prefill.as_text() and "tpu_custom_call" in step.as_text()
-  # The widest call the budget lets the kernel take compiles within the chip's VMEM: the estimate is not short.
   heads = dict(key_heads=LANES["num_heads"], groups=1, head_dim=LANES["qkv_dim"] // LANES["num_heads"], itemsize=2,
                has_bias=False)
-  widest = max(n for n in range(1, 2049) if attention_kernel.takes(n, 2064, **heads))
+  assert attention_kernel.query_block(2048, 2064, **heads) < 2048
+  prefill = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=2048, prefill=True).compile()
+  step = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=1).compile()
+  assert "tpu_custom_call" in prefill.as_text() and "tpu_custom_call" in step.as_text()
+  # The widest call the budget lets the kernel take whole compiles within the chip's VMEM: the estimate is not
+  # short.
+  widest = max(n for n in range(1, 2049) if attention_kernel.query_block(n, 2064, **heads) == n)
   assert 64 <= widest < 2048
   call = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=widest).compile()
   assert "tpu_custom_call" in call.as_text()

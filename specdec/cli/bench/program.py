@@ -34,10 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def compiled_generate(*args, **kwargs):
-  """The compiled program `decoding.generate(*args, **kwargs)` runs: its jitted kernel's arguments are
-  captured from one call, so that revisions without `decoding.lower` are read the same way."""
+  """The compiled program `decoding.generate(*args, **kwargs)` runs: `decoding.lower`'s, or for revisions
+  without it, its jitted kernel's with the arguments captured from one call."""
   from specdec import decoding
 
+  if hasattr(decoding, "lower"):
+    return decoding.lower(*args, **kwargs).compile()
   kernel, captured = decoding._generate, {}
 
   def capture(*a, **k):
