@@ -128,8 +128,15 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, key_head
     specs.append(pl.BlockSpec((None, per_block, g, block, c), lambda i, j, t: (0 if shared else i, j, 0, t, 0)))
   kernel = functools.partial(_kernel, per_block=per_block, head_dim=d, groups=g, soft_cap=soft_cap,
                              has_bias=bias is not None)
+  # What XLA's cost analysis (and so a plan's flops) counts for the call: the two products per query and slot,
+  # the exponentials (and the soft cap's tanh), and every input and the output read or written once.
+  scored = b * h * n * c
+  moved = sum(x.size * x.dtype.itemsize for x in inputs) + query.size * values.dtype.itemsize
+  cost = pl.CostEstimate(flops=4 * scored * d, transcendentals=scored * (1 if soft_cap is None else 2),
+                         bytes_accessed=moved)
   out = pl.pallas_call(kernel, grid=(b, blocks, n // block), in_specs=specs, out_specs=rows,
-                       out_shape=jax.ShapeDtypeStruct((b, k, g, n, d), values.dtype), interpret=interpret)(*inputs)
+                       out_shape=jax.ShapeDtypeStruct((b, k, g, n, d), values.dtype), cost_estimate=cost,
+                       interpret=interpret)(*inputs)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, n, h, d)
 
 

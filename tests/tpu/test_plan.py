@@ -175,3 +175,7 @@ def test_a_long_prompts_prefill_compiles_for_a_chip(lanes_preset, v4_8):
   assert 64 <= widest < 2048
   call = plan.call_program(model, chip, batch_size=1, cache_length=2064, n=widest).compile()
   assert "tpu_custom_call" in call.as_text()
+  # Its flops, as a plan reads them, count the kernel's attention (4 · n · C · D per query head and layer; more
+  # than the rest of this call's).
+  attention = 4 * LANES["num_heads"] * widest * 2064 * heads["head_dim"] * LANES["num_layers"]
+  assert call.cost_analysis()["flops"] > attention
