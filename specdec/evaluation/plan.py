@@ -224,8 +224,11 @@ def _network(drafter: Any) -> Any:
 
 
 def decoding_cache_length(setting: Setting) -> int:
-  """A max_length that holds any method's cache at these shapes (prompt, new tokens, a block's overhang)."""
-  return setting.prompt_width + setting.max_new_tokens + 2 * setting.gamma + 8
+  """A max_length that holds the method's cache at these shapes (prompt, new tokens, a block's overhang, and a
+  token tree's beyond it: K·γ + 1 positions for K drafts), with room to spare."""
+  method = decoding.methods.get(setting.method)
+  tree = max(0, method.cache_overhang(method.resolve(dict(setting.params))) - (setting.gamma + 1))
+  return setting.prompt_width + setting.max_new_tokens + 2 * setting.gamma + 8 + tree
 
 
 # --- compiling and reading a program ----------------------------------------------------------------------
@@ -477,6 +480,16 @@ def expected_tokens_per_block(acceptance: float, gamma: int) -> float:
   return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
 
 
+# The methods whose block is γ drafter steps and one verifier call (`speeds`): speculative decoding, and the
+# multi-draft methods, whose drafter steps K copies of each row and whose verifier call scores their token tree.
+BLOCK_METHODS = ("speculative", "spectr", "specinfer", "dynamic_tree")
+
+
+def num_drafts(setting: Setting) -> int:
+  """K, the drafts per block of a multi-draft method (its `num_drafts`, default included); 1 for the others."""
+  return int(decoding.methods.get(setting.method).resolve(dict(setting.params)).get("num_drafts", 1))
+
+
 def speeds(calls: dict[str, dict[str, Any]], *, batch_size: int, gamma: int, acceptances: Iterable[float],
            feature: bool = False) -> dict[str, Any]:
   """Roofline tokens/s (an upper bound: every call at its roofline time; sampling math and collective
@@ -484,7 +497,10 @@ def speeds(calls: dict[str, dict[str, Any]], *, batch_size: int, gamma: int, acc
 
   A block costs γ drafter steps, one verifier call of γ + 1 tokens and, when every draft is accepted
   (probability a^γ), the drafter's step scoring its last draft (`ModelDrafter(bonus_q=False)`); a feature
-  drafter's block, the head's re-read of the verified block instead (`FeatureDrafter.verified`)."""
+  drafter's block, the head's re-read of the verified block instead (`FeatureDrafter.verified`). For K drafts
+  per block (SpecTr, SpecInfer, a dynamic tree) `calls` holds the drafter's calls on K·B rows and the verifier's
+  call on the K·γ + 1 tokens of their tree (its widest: shared prefixes can make it narrower), and a is the
+  rate at which the block's selection keeps a position."""
   step, verify, draft = (calls[name]["roofline_us"] for name in ("verifier_step", "verifier_call", "drafter_step"))
   autoregressive = batch_size / (step * 1e-6)
   rows = []
@@ -537,33 +553,35 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
     out["smallest_fitting_mesh"] = smallest_fitting_mesh(setting, topo, cache=cache, progress=progress)
 
   calls = {}
-  width = setting.gamma + 1
-  wanted = [("verifier_step", setting.verifier, verifier, 1, False),
-            ("verifier_call", setting.verifier, verifier, width, False),
-            ("verifier_prefill", setting.verifier, verifier, setting.prompt_width, True)]
+  # K drafts per block: the drafter runs K copies of each row, the verifier scores their K·γ + 1-token tree.
+  drafts = num_drafts(setting)
+  batch, rows = setting.batch_size, setting.batch_size * drafts
+  wanted = [("verifier_step", setting.verifier, verifier, 1, False, batch),
+            ("verifier_call", setting.verifier, verifier, drafts * setting.gamma + 1, False, batch),
+            ("verifier_prefill", setting.verifier, verifier, setting.prompt_width, True, batch)]
   if setting.drafter == FEATURE:   # a head step drafting, and the head's re-read of a verified block
-    wanted += [("drafter_step", f"{FEATURE}:{setting.verifier}", drafter, 1, False),
-               ("drafter_reread", f"{FEATURE}:{setting.verifier}", drafter, setting.gamma, False)]
+    wanted += [("drafter_step", f"{FEATURE}:{setting.verifier}", drafter, 1, False, rows),
+               ("drafter_reread", f"{FEATURE}:{setting.verifier}", drafter, setting.gamma, False, rows)]
   elif drafter is not None:
-    wanted += [("drafter_step", setting.drafter, drafter, 1, False),
-               ("drafter_prefill", setting.drafter, drafter, setting.prompt_width, True)]
-  for name, preset, model, n, is_prefill in wanted:
-    def lowered(model=model, n=n, is_prefill=is_prefill, name=name) -> Any:
-      progress(f"{name} (n={n}) on {topo.name} mesh {mesh_shape}")
+    wanted += [("drafter_step", setting.drafter, drafter, 1, False, rows),
+               ("drafter_prefill", setting.drafter, drafter, setting.prompt_width, True, rows)]
+  for name, preset, model, n, is_prefill, batch_size in wanted:
+    def lowered(model=model, n=n, is_prefill=is_prefill, name=name, batch_size=batch_size) -> Any:
+      progress(f"{name} (n={n}, batch {batch_size}) on {topo.name} mesh {mesh_shape}")
       if isinstance(model, feature_drafter.FeatureDrafter):
-        return feature_step_program(model, target, batch_size=setting.batch_size, cache_length=cache_length, n=n,
+        return feature_step_program(model, target, batch_size=batch_size, cache_length=cache_length, n=n,
                                     logits=name == "drafter_step")
-      return call_program(model, target, batch_size=setting.batch_size, cache_length=cache_length, n=n,
+      return call_program(model, target, batch_size=batch_size, cache_length=cache_length, n=n,
                           prefill=is_prefill)
     # A call's program depends on the model, the shapes and the mesh only: shared by every method.
     call_key = dict(kind="call", model=preset, vocab_size=setting.vocab_size, dtype=setting.dtype,
-                    batch_size=setting.batch_size, cache_length=cache_length, n=n, prefill=is_prefill,
+                    batch_size=batch_size, cache_length=cache_length, n=n, prefill=is_prefill,
                     topology=topo.name, chips=topo.chips, mesh=list(mesh_shape), versions=versions)
     calls[name] = analyse_call(cache.get(call_key, lambda lowered=lowered: facts(lowered)), topo.chip)
   out["calls"] = calls
   # The block cost model is speculative decoding's (γ drafter steps, one verifier call).
   needed = ("verifier_step", "verifier_call", "drafter_step") + (("drafter_reread",) if setting.drafter == FEATURE else ())
-  if setting.method == "speculative" and all("roofline_us" in calls[n] for n in needed):
+  if setting.method in BLOCK_METHODS and all("roofline_us" in calls[n] for n in needed):
     out["speeds"] = speeds(calls, batch_size=setting.batch_size, gamma=setting.gamma, acceptances=acceptances,
                            feature=setting.drafter == FEATURE)
   return out

@@ -244,7 +244,10 @@ def copy_slots(cache: Cache, source_rows: Array, source_slots: Array, target_slo
 
   def copy(x: Array) -> Array:
     if x.ndim == 3:   # slot-major: x[slots, rows] is [B, n, K·D]
-      return x.at[target_slots, rows].set(x[source_slots, source_rows], mode="drop")
+      # The n entries gathered apart, before the scatter: fused into it, the TPU compiler copied the whole cache
+      # (twice per multi-draft block at batch 1; tests/tpu/test_plan.py).
+      entries = jax.lax.optimization_barrier(x[source_slots, source_rows])
+      return x.at[target_slots, rows].set(entries, mode="drop")
     return x.at[rows, :, target_slots].set(x[source_rows, :, source_slots], mode="drop")   # [B, n, K, D]
   copied = {name: [copy(x) for x in cache.kv[name]] for name in ("keys", "values")}
   return cache.replace(kv={**cache.kv, **copied})

@@ -121,6 +121,41 @@ def test_specdec_plan_writes_a_report_and_reuses_its_cache(planned, lanes_preset
   assert plan_cli.main(argv) == written
 
 
+def test_a_multi_draft_plan_costs_k_drafts_and_their_tree(planned, v4_8, lanes_preset, tmp_path):
+  """SpecTr with K = 2 drafts: the drafter's calls on K·B rows, the verifier's call on the K·γ + 1 tokens of
+  their tree, and its blocks' speeds from them (against the speculative plan of the same pair)."""
+  [speculative] = planned[1]["plans"]
+  setting = plan.Setting(verifier="lanes", drafter="lanes", vocab_size=VOCAB, method="spectr",
+                         params=(("gamma", GAMMA), ("num_drafts", 2)), batch_size=BATCH, prompt_width=PROMPT,
+                         max_new_tokens=NEW)
+  report = plan.plan(setting, v4_8, (2, 2), acceptances=(0.5, 0.9), cache=plan.ProgramCache(str(tmp_path)))
+  flops = {name: report["calls"][name]["flops"] / speculative["calls"][name]["flops"]
+           for name in ("drafter_step", "verifier_call", "verifier_step")}
+  assert 1.8 < flops["drafter_step"] < 2.2                     # 2·B rows
+  assert 1.5 < flops["verifier_call"] < 2.0                    # 2γ + 1 = 7 tokens instead of γ + 1 = 4
+  assert flops["verifier_step"] == pytest.approx(1, rel=0.05)   # a longer cache: the tree's overhang
+  calls, [slow, fast] = report["calls"], report["speeds"]["speculative"]
+  draft = calls["drafter_step"]["roofline_us"]
+  assert slow["block_us"] == pytest.approx(GAMMA * draft + calls["verifier_call"]["roofline_us"] + 0.5 ** GAMMA * draft)
+  assert slow["speedup"] < fast["speedup"]
+
+
+def test_a_multi_draft_loop_at_batch_1_copies_no_cache(lanes_preset):
+  """SpecTr at batch 1 on one chip: the tree path's copy (`base.copy_slots`) updates the verifier's caches in
+  place. With the gathered entries fused into the scatter, the TPU compiler copied every cache twice per block."""
+  setting = plan.Setting(verifier="lanes", drafter="lanes", vocab_size=VOCAB, method="spectr",
+                         params=(("gamma", GAMMA), ("num_drafts", 2)), batch_size=1, prompt_width=PROMPT,
+                         max_new_tokens=NEW)
+  topology = plan.topology("v4-1chip")
+  facts = plan.decode_facts(setting, topology, (1, 1))
+  drafter, verifier = plan.abstract_pair(setting, topology.devices[0])
+  cache_length = plan.cache_length_of(setting, drafter, verifier)
+  program = hlo.parse(facts["hlo"])
+  for loop in hlo.loops(program):
+    assert hlo.moves(program, cache_length * LANES["qkv_dim"], scope=loop, include_fused=True,
+                     shape_filter=hlo.dims_contain(cache_length)) == []
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--topology", "v4-7"], "unknown TPU topology 'v4-7'; known: v4-1chip, v4-8"),
     (["--topology", "v4-8", "--mesh", "3,1"], r"mesh \(data=3, model=1\) must multiply to the 4 chips of v4-8"),
