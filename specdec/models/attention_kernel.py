@@ -79,7 +79,7 @@ def query_block(n: int, cache_length: int, *, key_heads: int, groups: int, head_
                 has_bias: bool) -> int | None:
   """The queries a grid step of `attend` takes of a call's n: all of them where that fits `VMEM_BUDGET` (a
   decode step, a verification), else the most that do among the multiples of 8 that divide n (a long prompt's
-  prefill: GSM8K's 2,048 tokens over 2,370 slots in blocks of 256 for Gemma 2 27B's heads); None where no block
+  prefill: GSM8K's 2,048 tokens over 2,370 slots in blocks of 64 for Gemma 2's heads); None where no block
   fits, or where the heads have no block of whole lanes (`reads_in_place`): XLA attends that call."""
   if not reads_in_place(key_heads, head_dim):
     return None
