@@ -31,7 +31,9 @@ setup(
     install_requires=[
         "etils[epath]>=1.5",  # local and gs:// paths for checkpoints and exports
         "flax>=0.10",
+        "gguf>=0.17",         # GGUF checkpoints (llama.cpp's format): SmolLM2, any Llama-family file
         "gin-config>=0.5",
+        "jinja2>=3.1",        # chat templates of instruct models (rendered in a sandbox)
         "jax>=0.4.30",
         "lz4>=4",
         "matplotlib>=3.8",
@@ -43,6 +45,7 @@ setup(
         "safetensors>=0.4",   # Hugging Face T5 checkpoints (specdec.training.load_hf_t5)
         "scipy>=1.11",
         "sentencepiece>=0.2",
+        "tokenizers>=0.20",   # byte-level BPE tokenizers from GGUF metadata
         "tqdm>=4.60",
     ],
     extras_require={
@@ -51,7 +54,8 @@ setup(
         # torch==2.13.0 is the CPU build on the machines' local index; a bare "torch" pulls CUDA packages.
         # libtpu: TPU programs compiled on this CPU (specdec-plan; Linux x86-64 wheels only, elsewhere its
         # tests are skipped with the reason).
-        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.45", "seqio>=0.0.20",
+        # accelerate: transformers' GGUF loader needs it (the SmolLM2 reference).
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.45", "accelerate>=1.0", "seqio>=0.0.20",
                  "libtpu; sys_platform == 'linux' and platform_machine == 'x86_64'"],
         "tpu-plan": ["libtpu; sys_platform == 'linux' and platform_machine == 'x86_64'"],
         # seqio/tfds tasks and the seqio vocabulary adapter (TensorFlow, ~800 MB download)

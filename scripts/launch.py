@@ -134,7 +134,7 @@ def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int, bytes_pe
   weights = cache = 0
   kv_heads = []
   for preset in ("gemma2_2b", f"gemma2_{verifier}"):
-    config = gemma2.Gemma2Config(vocab_size=256_000, **gemma2.PRESETS[preset])
+    config = gemma2.config(256_000, **gemma2.PRESETS[preset])
     weights += _parameter_count(preset) * bytes_per_value
     cache += 2 * config.num_layers * config.num_kv_heads * config.head_dim * cache_length * batch_size * bytes_per_value
     kv_heads.append(config.num_kv_heads)
@@ -146,7 +146,7 @@ def _parameter_count(preset: str) -> int:
   """A Gemma 2 preset's parameters at the 256k vocabulary, from its shapes (tracing a 27B init takes seconds)."""
   import jax
   from specdec.models import gemma2
-  config = gemma2.Gemma2Config(vocab_size=256_000, **gemma2.PRESETS[preset])
+  config = gemma2.config(256_000, **gemma2.PRESETS[preset])
   shapes = jax.eval_shape(lambda key: gemma2.init(config, key).params, jax.random.PRNGKey(0))
   return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
 

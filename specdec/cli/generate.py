@@ -3,13 +3,18 @@ r"""Decode texts with a drafter/verifier pair and time it.
   specdec-generate --drafter debian_drafter --verifier debian_verifier --task debian_synopsis \
       --method speculative --gamma 3 --temperature 0 --compare \
       --prompt "A command-line tool that converts images between many formats."
+  specdec-generate --verifier smollm2 --method autoregressive --chat --temperature 0 \
+      --prompt "Give me three tips for writing clear commit messages."
 
 `--input FILE` reads one prompt per line (blank lines skipped; `-` reads stdin). With `--task` each prompt
 is formatted as that task's input ("summarize: … synopsis:"); without it the text is continued as it is.
 Prints each decoded text with its counters, then a summary: compile and decode seconds and tokens/s
 (`--compare`: the verifier alone on the same prompts, and the speed-up); an input of more than one batch
-shows a progress bar with tokens/s on stderr. Model directories are paths, or names of the shipped models
-(debian_drafter, debian_verifier, debian_drafter_distilled).
+shows a progress bar with tokens/s on stderr. Models are directories (exports, Hugging Face save_pretrained
+directories), GGUF files, names of the shipped models (debian_drafter, debian_verifier, debian_drafter_distilled)
+or of the pretrained checkpoints (smollm2: fetch it once with `python -m specdec.data.pretrained smollm2`). The
+vocabulary is the verifier's own where its file carries one (GGUF), else the shipped one (--vocab overrides);
+`--chat` formats each prompt as a user's turn of that vocabulary's chat template (instruct models).
 
 `--output FILE.jsonl` writes one JSON object per prompt: its text, tokens, counters, new tokens and decode
 seconds, and the run (method, parameters, sampling, seed, models). They are streamed to FILE.jsonl.partial
@@ -41,7 +46,7 @@ import numpy as np
 
 from specdec import cli
 from specdec.cli import registry
-from specdec.data import shipped
+from specdec.data import formats, pretrained, shipped
 
 PROG = "specdec-generate"
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -114,19 +119,23 @@ def _parser() -> cli.ArgumentParser:
   table = registry.load()
   parser = cli.parser(PROG, __doc__)
   models = parser.add_argument_group("models")
-  models.add_argument("--verifier", required=True, metavar="DIR", help="the verifier: an exported model directory, or a "
-                      "Hugging Face save_pretrained directory (T5, Gemma 2)")
+  models.add_argument("--verifier", required=True, metavar="MODEL", help="the verifier: an exported model directory, "
+                      "a Hugging Face save_pretrained directory (T5, Gemma 2, Llama), a GGUF file, or a shipped or "
+                      "pretrained model's name (debian_verifier, smollm2)")
   models.add_argument("--drafter", metavar="DIR", help="the drafter (every method but autoregressive)")
   models.add_argument("--head", metavar="DIR", help="a directory holding the parts of the drafter's export that "
                       + ", ".join(f"{name} reads ({', '.join(m['export_parts'])}/)"
                                   for name, m in table["methods"].items() if m["export_parts"])
                       + " (default: the drafter's own directory)")
-  models.add_argument("--vocab", metavar="PATH", help="a SentencePiece .model file (default: the shipped one)")
+  models.add_argument("--vocab", metavar="PATH", help="a SentencePiece .model file or a GGUF file (default: the "
+                      "verifier's own tokenizer where its GGUF file has one, else the shipped vocabulary)")
   text = parser.add_argument_group("prompts").add_mutually_exclusive_group(required=True)
   text.add_argument("--prompt", action="append", help="a prompt text (repeatable)")
   text.add_argument("--input", metavar="FILE", help="a UTF-8 file with one prompt per line; - reads stdin")
   run = parser.add_argument_group("decoding")
   run.add_argument("--task", choices=list(table["tasks"]), help="format prompts as this task's inputs")
+  run.add_argument("--chat", action="store_true", help="format each prompt as a user's turn of the vocabulary's "
+                   "chat template (an instruct model's, e.g. smollm2's ChatML)")
   run.add_argument("--truncate", action="store_true",
                    help="cut prompts longer than the task's input budget as training does (default: an error)")
   run.add_argument("--method", default="speculative", choices=list(table["methods"]),
@@ -223,11 +232,19 @@ def row_ids(texts: Sequence[str]) -> np.ndarray:
 
 
 def _model_directory(path: str, role: str) -> str:
-  """A model directory given as a path (local or gs://…) or a shipped model's name."""
+  """A model given as a path (a directory, local or gs://…, or a GGUF file), a pretrained checkpoint's name (its
+  cached file; FileNotFoundError naming the command that fetches it) or a shipped model's name."""
+  if not os.path.exists(path) and path in pretrained.CHECKPOINTS:
+    try:
+      return str(pretrained.path(path))
+    except FileNotFoundError as e:
+      raise FileNotFoundError(f"--{role} {path}: {e}") from None
   found = shipped.find(path, os.path.join("data", "models"))
-  if "://" not in found and not os.path.isdir(found):
-    raise FileNotFoundError(f"--{role} {path}: no such model directory (nor a shipped model of that name)")
+  if "://" not in found and not os.path.isdir(found) and not formats.is_gguf(found):
+    raise FileNotFoundError(f"--{role} {path}: no such model directory or GGUF file (nor a shipped or pretrained "
+                            f"model of that name: {', '.join(pretrained.CHECKPOINTS)})")
   return found
+
 
 
 def _drafter_directories(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -260,6 +277,8 @@ def _drafter_directories(args: argparse.Namespace) -> tuple[str | None, str | No
 def _check_options(args: argparse.Namespace) -> None:
   if args.no_cache and args.cache_dir:
     raise ValueError("--cache_dir and --no_cache contradict each other")
+  if args.chat and args.task:
+    raise ValueError("--chat and --task format prompts each their own way: give one")
   if args.truncate and not (args.task and registry.load()["tasks"][args.task]["inputs"]):
     raise ValueError("--truncate cuts prompts to a task's input budget: it needs --task with inputs "
                      f"({', '.join(name for name, task in registry.load()['tasks'].items() if task['inputs'])})")
@@ -422,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   from specdec import decoding
   from specdec.data import load_vocabulary, tasks
   from specdec.training import exports
-  from specdec.training.convert import load_any
+  from specdec.training import load_model
 
   method = decoding.methods.get(args.method)
   params = _resolve_params(method, given)
@@ -435,8 +454,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   _count_compilations()
   cache_before = dict(_cache_counts)
-  vocab = load_vocabulary(args.vocab)
-  verifier = load_any(verifier_directory)
+  vocab = load_vocabulary(args.vocab or (verifier_directory if formats.is_gguf(verifier_directory) else None))
+  if args.chat and vocab.chat_template is None:
+    raise ValueError(f"--chat: the vocabulary {vocab.path} has no chat template; an instruct model's GGUF file "
+                     "carries one (--verifier smollm2)")
+  verifier = load_model(verifier_directory)
   drafter = None
   if drafter_directory is not None:
     parts = exports.load_parts(parts_directory, method.export_parts, user=f"--method {method.name}",
@@ -455,9 +477,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
          "sampling": {name: settings[name] for name in ("temperature", "top_p", "top_k")},
          **{name: settings[name] for name in ("seed", "max_new_tokens", "eos_id")},
          "task": args.task, "truncate": args.truncate, "drafter": args.drafter if drafter is not None else None,
-         "head": args.head if drafter is not None else None, "verifier": args.verifier, "vocab": args.vocab}
+         "head": args.head if drafter is not None else None, "verifier": args.verifier, "vocab": args.vocab,
+         "chat": args.chat}
 
-  prompts, lengths = tasks.prompt_batch(texts, task=args.task, vocab=vocab, truncate=args.truncate,
+  model_texts = [vocab.format_chat([{"role": "user", "content": text}]) for text in texts] if args.chat else texts
+  prompts, lengths = tasks.prompt_batch(model_texts, task=args.task, vocab=vocab, truncate=args.truncate,
                                         encoder_decoder=verifier.encoder_decoder)
   unknown = _warn_of_unknown_characters(texts, vocab)
   budget = registry.load()["tasks"][args.task]["max_input_tokens"] if args.task else None

@@ -7,7 +7,7 @@ r"""Trains a model from gin files and bindings (t5x style).
 (synthetic), `prefix_lm_batches` and `seq2seq_batches` (the local Debian tasks for decoder-only and T5
 models, `specdec.data.tasks`), `seqio_batches` (a seqio task such as the paper's WMT / XSum / CNN-DM:
 `specdec.data.seqio_tasks`) and `export` (the trained parameters as a model directory for
-`checkpoint.load_model`, e.g. in bfloat16) are configurable too. It resumes from the latest checkpoint in
+`training.load_model`, e.g. in bfloat16) are configurable too. It resumes from the latest checkpoint in
 `train.model_dir` and writes the gin config it ran with there (config.gin); Ctrl-C keeps the checkpoints
 saved so far, and the same command resumes from the latest.
 

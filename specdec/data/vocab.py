@@ -18,9 +18,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import sentencepiece as spm
 
-from specdec.data import shipped
+from specdec.data import formats, shipped
+
+if TYPE_CHECKING:
+  from specdec.data.gguf_vocab import GGUFVocabulary
 
 DEFAULT_VOCAB_PATH = shipped.path("data", "vocab", "debian_en_de_8192.model")
 MISSING_HINT = ("pass the path of a local SentencePiece .model file (for T5's: `gsutil cp "
@@ -38,6 +43,8 @@ def _model_path(path: str | os.PathLike | None) -> Path:
 
 class Vocabulary:
   """A SentencePiece model as str <-> list of ids, with seqio's decoding conventions."""
+
+  chat_template: str | None = None   # a SentencePiece model carries none (a GGUF file's tokenizer may)
 
   def __init__(self, path: str | os.PathLike | None = None):
     self.path = _model_path(path)
@@ -96,8 +103,16 @@ class Vocabulary:
     return f"Vocabulary({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
-def load_vocabulary(path: str | os.PathLike | None = None) -> Vocabulary:
-  """The SentencePiece vocabulary at `path`, or the shipped one (data/vocab/) when `path` is None."""
+def load_vocabulary(path: str | os.PathLike | None = None) -> "Vocabulary | GGUFVocabulary":
+  """The vocabulary at `path`: a SentencePiece model, or the tokenizer in a GGUF checkpoint's metadata
+  (`gguf_vocab.GGUFVocabulary`; a pretrained checkpoint's name, e.g. "smollm2", names its cached file); the shipped
+  SentencePiece one (data/vocab/) when `path` is None."""
+  from specdec.data import pretrained   # not at the top: `python -m specdec.data.pretrained` imports this module
+  if path is not None and not os.path.exists(path) and os.fspath(path) in pretrained.CHECKPOINTS:
+    path = pretrained.path(os.fspath(path))
+  if path is not None and formats.is_gguf(path):
+    from specdec.data import gguf_vocab   # the `gguf` and `tokenizers` packages: only for GGUF checkpoints
+    return gguf_vocab.GGUFVocabulary(path)
   return Vocabulary(path)
 
 

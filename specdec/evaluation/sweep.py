@@ -52,7 +52,8 @@ from specdec.evaluation.results import (append_result, code_digest, digest, drop
                                         point_hash, read_results)
 from specdec.models import partitioning
 from specdec.models.base import Model
-from specdec.training import convert, exports
+from specdec.training import exports
+from specdec.training.loading import load_model
 
 
 # --- models and examples -------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ def _parts_directory(source: ModelSource) -> str | None:
 def _load_model(source: ModelSource, vocab: Vocabulary, *, host: bool = False) -> Model:
   """The model in `source.dtype`; `host`: a checkpoint's parameters kept in host memory (to be sharded)."""
   if source.path is not None:
-    model = convert.load_any(source.directory(), host=host)
+    model = load_model(source.directory(), host=host)
   else:
     model = models.build(source.preset, vocab_size=source.vocab_size or vocab.vocab_size, seed=source.seed,
                          max_length=source.max_length)

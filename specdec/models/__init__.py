@@ -29,9 +29,10 @@ Parameters at T5's vocab_size 32128 (untied input and output embeddings, 2·V·E
   t5_large 1024     24+24          16     64   2816   783,150,080
   t5_xl    2048     24+24          32     64   5120 2,849,757,184
 
-Presets named "gemma2_…" build `gemma2.Gemma2` (models/gemma2.py): Gemma 2's 2B, 9B and 27B shapes (vocabulary
-256,128 for the released checkpoints, which `training.load_hf` and `training.load_gemma` read) and
-gemma2_tiny for tests.
+Presets named "gemma2_…" (models/gemma2.py: Gemma 2's 2B, 9B and 27B shapes, vocabulary 256,128 for the released
+checkpoints, which `training.load_hf` and `training.load_gemma` read, and gemma2_tiny for tests) and the Llama
+family's (models/llama.py: smollm2_135m, whose checkpoint `training.load_gguf` reads, and llama_tiny for tests)
+build the shared decoder-only `decoder.Decoder` (models/decoder.py) with their family's switches.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec.models import base, gemma2, t5
-from specdec.models.gemma2 import Gemma2, Gemma2Config
+from specdec.models import base, decoder, gemma2, llama, t5
+from specdec.models.decoder import Decoder, DecoderConfig
 from specdec.models.t5 import T5, T5Config
 from specdec.models.transformer import TransformerConfig, TransformerLM, init
 
@@ -60,19 +61,21 @@ PRESETS: dict[str, dict[str, int]] = {
 
 
 def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 512, dtype: Any = jnp.float32
-          ) -> TransformerLM | T5 | Gemma2:
-  """A randomly initialised model of a preset (a `T5` for "t5_…" presets, a `Gemma2` for "gemma2_…"); load
+          ) -> TransformerLM | T5 | Decoder:
+  """A randomly initialised model of a preset (a `T5` for "t5_…" presets, a `Decoder` for Gemma 2's and Llama's); load
   trained parameters with `with_params` (checkpoints: `specdec.training.convert`). `dtype`: see `with_dtype`."""
   if preset in t5.PRESETS:
     model = t5.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   elif preset in gemma2.PRESETS:
     model = gemma2.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  elif preset in llama.PRESETS:
+    model = llama.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   elif preset in PRESETS:
     model = init(TransformerConfig(vocab_size=vocab_size, max_len=max_length, **PRESETS[preset]),
                  jax.random.PRNGKey(seed))
   else:
     raise ValueError(f"unknown model preset {preset!r}; known presets: "
-                     f"{', '.join([*PRESETS, *t5.PRESETS, *gemma2.PRESETS])}")
+                     f"{', '.join([*PRESETS, *t5.PRESETS, *gemma2.PRESETS, *llama.PRESETS])}")
   return with_dtype(model, dtype)
 
 
@@ -128,5 +131,5 @@ def with_params(model: Any, params: Any, *, host: bool = False) -> Any:
   return model.replace(params=jax.tree_util.tree_unflatten(treedef, leaves))
 
 
-__all__ = ["PRESETS", "Gemma2", "Gemma2Config", "T5", "T5Config", "TransformerConfig", "TransformerLM", "base", "build",
-           "cast_params", "count_params", "gemma2", "t5", "with_dtype", "with_params"]
+__all__ = ["PRESETS", "Decoder", "DecoderConfig", "T5", "T5Config", "TransformerConfig", "TransformerLM", "base", "build",
+           "cast_params", "count_params", "decoder", "gemma2", "llama", "t5", "with_dtype", "with_params"]

@@ -1,7 +1,7 @@
 """SPMD partitioning (layer 2): a ('data', 'model') device mesh and t5x-style logical axis rules.
 
 Every parameter gets logical axis names from its path (T5X's parameter names for `t5.T5`, the decoder-only
-`TransformerLM`'s and the gemma library's for `gemma2.Gemma2`), and `DEFAULT_RULES` map logical names to mesh axes as t5x's
+`TransformerLM`'s and the gemma library's for `decoder.Decoder`), and `DEFAULT_RULES` map logical names to mesh axes as t5x's
 `standard_logical_axis_rules` do: the vocabulary, MLP and attention-head dimensions are split over
 'model', the embedding dimension is replicated, batches are split over 'data'.
 
@@ -58,13 +58,13 @@ _LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"^(block(_\d+)?/)?(ln_attention|ln_mlp|final_norm|mlp/dense_out)/(scale|bias)$", ("embed",)),
     (r"^fc/kernel$", ("embed", "embed")),
     (r"^fc/bias$", ("embed",)),
-    # Gemma 2 (the gemma library's names): models/gemma2.py; the leading 2 of kv_einsum / gating_einsum
-    # (keys and values; gate and up) is replicated.
-    (r"^embedder/input_embedding$", ("vocab", "embed")),
-    (r"^layer_\d+/attn/q_einsum/w$", ("heads", "embed", "kv")),
-    (r"^layer_\d+/attn/kv_einsum/w$", ("stack", "heads", "embed", "kv")),
+    # The decoder of Gemma 2 and Llama (the gemma library's names, input dimension first): models/decoder.py;
+    # the 2 of kv_einsum / gating_einsum (keys and values; gate and up) is replicated.
+    (r"^embedder/(input|output)_embedding$", ("vocab", "embed")),
+    (r"^layer_\d+/attn/q_einsum/w$", ("embed", "heads", "kv")),
+    (r"^layer_\d+/attn/kv_einsum/w$", ("embed", "stack", "heads", "kv")),
     (r"^layer_\d+/attn/attn_vec_einsum/w$", ("heads", "kv", "embed")),
-    (r"^layer_\d+/mlp/gating_einsum$", ("stack", "mlp", "embed")),
+    (r"^layer_\d+/mlp/gating_einsum$", ("embed", "stack", "mlp")),
     (r"^layer_\d+/mlp/linear$", ("mlp", "embed")),
     (r"^(layer_\d+/(pre_attention|post_attention|pre_ffw|post_ffw)_norm|final_norm)/scale$", ("embed",)),
 )

@@ -6,20 +6,24 @@
   train_and_evaluate(model_dir=..., preset='6m', ...)    # the loop; resumes from model_dir
   distill_step(state, batch, drafter, verifier)          # token-level distillation (KL or TV to the verifier)
   distill.write(directory, verifier, task, split, n)     # sequence-level distillation data
-  save_params(path, model); load_model(path)             # export / import a trained model (export_name: its label)
-  load_hf(directory)                                     # a save_pretrained directory by model_type: t5, gemma2
+  save_params(path, model); load_model(path_or_name)     # export a trained model; load any model a user names: an
+                                                         # export, a save_pretrained directory, a GGUF file, "smollm2"
+  load_gguf(path); save_gguf(model, path)                # llama.cpp's GGUF files (the Llama family)
+  load_hf(directory)                                     # a save_pretrained directory by model_type: t5, gemma2, llama
   load_hf_t5(directory); load_t5x(path, config)          # T5 checkpoints: Hugging Face safetensors, T5X
   load_gemma(path, preset)                               # Gemma 2 in the gemma library's Orbax layout
-  load_any(path)                                         # an export or a save_pretrained directory
   save_hf_t5(model, directory)                           # T5 export for transformers' from_pretrained
 
 The weighted-loss convention (weights[:, t] marks token t as a target) is in `train`'s docstring.
 """
 
-from specdec.training.checkpoint import (CheckpointError, Checkpointer, Restored, export_name, load_model,
+from specdec.training.checkpoint import (CheckpointError, Checkpointer, Restored, export_name, load_export,
                                          model_spec, restore_latest, save_params)
 from specdec.training import distill
-from specdec.training.convert import load_any, load_gemma, load_hf, load_hf_gemma2, load_hf_t5, load_t5x, save_hf_t5
+from specdec.training.convert import load_hf, load_hf_t5, load_t5x, save_hf_t5
+from specdec.training.decoder_checkpoints import load_gemma, load_hf_decoder
+from specdec.training.gguf_checkpoints import load_gguf, save_gguf
+from specdec.training.loading import load_model
 from specdec.models import cast_params
 from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovChain, TrainState,
                                     distill_eval_step, distill_step, eval_step, evaluate, learning_rate_schedule,
@@ -27,7 +31,7 @@ from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovCha
 
 __all__ = ["DISTILL_LOSSES", "Batch", "CheckpointError", "Checkpointer", "DataSource", "MarkovChain", "Restored",
            "TrainState", "cast_params", "distill", "distill_eval_step", "distill_step", "eval_step", "evaluate",
-           "export_name", "learning_rate_schedule", "load_any", "load_gemma", "load_hf", "load_hf_gemma2", "load_hf_t5",
+           "export_name", "learning_rate_schedule", "load_export", "load_gemma", "load_gguf", "load_hf", "load_hf_decoder", "load_hf_t5",
            "load_model", "load_t5x", "make_optimizer",
-           "markov_batches", "model_spec", "restore_latest", "save_hf_t5", "save_params", "train_and_evaluate",
+           "markov_batches", "model_spec", "restore_latest", "save_gguf", "save_hf_t5", "save_params", "train_and_evaluate",
            "train_step"]

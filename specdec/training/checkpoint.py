@@ -9,8 +9,8 @@ into before reading any array, and turns every read failure into a `CheckpointEr
 corrupt or incomplete checkpoint raises; it never yields random or partial weights.
 
 An exported model (`save_params`) is a directory holding `params/` (orbax) and `model.json` (its spec:
-the architecture, 'transformer' (`TransformerLM`), 't5' (`T5`) or 'gemma2' (`Gemma2`), its preset and its
-config's fields).
+the architecture, 'transformer' (`TransformerLM`), 't5' (`T5`) or 'decoder' (`Decoder`: Gemma 2, Llama; exports
+written before the shared decoder say 'gemma2'), its preset and its config's fields).
 """
 
 from __future__ import annotations
@@ -24,16 +24,19 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from safetensors import safe_open
 from etils import epath
 
 from specdec import models
-from specdec.models import gemma2, t5, transformer
+from specdec.models import decoder, gemma2, t5, transformer
 
 _MODEL_JSON = "model.json"
 # architecture name -> (model class, config class, init(config, key) -> model)
 _ARCHITECTURES = {"transformer": (transformer.TransformerLM, transformer.TransformerConfig, transformer.init),
-                  "t5": (t5.T5, t5.T5Config, t5.init), "gemma2": (gemma2.Gemma2, gemma2.Gemma2Config, gemma2.init)}
-Model = transformer.TransformerLM | t5.T5 | gemma2.Gemma2
+                  "t5": (t5.T5, t5.T5Config, t5.init), "decoder": (decoder.Decoder, decoder.DecoderConfig, decoder.init)}
+# Exports of Gemma 2 made before the shared decoder: their fields without the switches.
+_LEGACY = {"gemma2": ("decoder", gemma2.SWITCHES)}
+Model = transformer.TransformerLM | t5.T5 | decoder.Decoder
 
 
 class CheckpointError(Exception):
@@ -53,8 +56,9 @@ def model_spec(model: Model, preset: str | None = None) -> dict[str, Any]:
 
 def _init_from_spec(spec: dict[str, Any]) -> Callable[[jax.Array], Model]:
   """init(key) of a spec's architecture and config; specs from before T5 name no architecture."""
-  _, config_class, init = _ARCHITECTURES[spec.get("architecture", "transformer")]
-  fields = {k: v for k, v in spec.items() if k not in ("architecture", "preset")}
+  architecture, defaults = _LEGACY.get(spec.get("architecture"), (spec.get("architecture", "transformer"), {}))
+  _, config_class, init = _ARCHITECTURES[architecture]
+  fields = {**defaults, **{k: v for k, v in spec.items() if k not in ("architecture", "preset")}}
   return functools.partial(init, config_class(**{**fields, "dtype": getattr(jnp, fields["dtype"])}))
 
 
@@ -184,7 +188,7 @@ def restore_latest(directory: str, abstract_state: Any, *, expected: dict[str, A
 
 def save_params(path: str, model: Model, *, preset: str | None = None) -> None:
   """Exports `model` (its parameters in their own dtype, e.g. after `cast_params(…, bfloat16)`, and its
-  spec) to a new directory `path`, for `load_model`."""
+  spec) to a new directory `path`, for `load_export` (and `loading.load_model`)."""
   path = _location(path)
   if epath.Path(path).exists():
     raise FileExistsError(f"{path} exists; save_params writes a new directory")
@@ -204,7 +208,7 @@ def export_name(path: str) -> str:
   return os.path.basename(os.path.dirname(path)) if name == "export" else name
 
 
-def load_model(path: str, *, dtype: Any = None) -> Model:
+def load_export(path: str, *, dtype: Any = None) -> Model:
   """The model `save_params` exported to `path`, parameters checked by `models.with_params` and held in
   the config's float32 (bfloat16 exports load exactly), or computing in `dtype` (`models.with_dtype`:
   e.g. bfloat16 weights and caches). Raises CheckpointError on any problem, in one line: the missing,
@@ -246,3 +250,17 @@ def load_model(path: str, *, dtype: Any = None) -> Model:
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from e
   return model if dtype is None else models.with_dtype(model, dtype)
+
+
+def safetensors_files(directory: str) -> dict[str, str]:
+  """{tensor name: file} of a single-file or sharded safetensors checkpoint."""
+  index = os.path.join(directory, "model.safetensors.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      return {name: os.path.join(directory, file) for name, file in json.load(f)["weight_map"].items()}
+  single = os.path.join(directory, "model.safetensors")
+  if not os.path.exists(single):
+    raise CheckpointError(f"{directory} holds neither model.safetensors nor model.safetensors.index.json "
+                          "(save the model with save_pretrained(..., safe_serialization=True))")
+  with safe_open(single, framework="numpy") as f:
+    return {name: single for name in f.keys()}

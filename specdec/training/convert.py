@@ -34,7 +34,6 @@ import functools
 import json
 import os
 import re
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -46,8 +45,9 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from specdec import models
-from specdec.models import gemma2, t5
-from specdec.training.checkpoint import CheckpointError, load_model
+from specdec.models import decoder, t5
+from specdec.training.checkpoint import CheckpointError, safetensors_files
+from specdec.training.decoder_checkpoints import load_hf_decoder
 
 _T5X_VERSION = 3
 _EMBEDDING_ALIASES = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
@@ -142,20 +142,6 @@ def hf_names(config: t5.T5Config) -> dict[str, tuple[str, bool]]:
   return names
 
 
-def _safetensors_files(directory: str) -> dict[str, str]:
-  """{tensor name: file} of a single-file or sharded safetensors checkpoint."""
-  index = os.path.join(directory, "model.safetensors.index.json")
-  if os.path.exists(index):
-    with open(index) as f:
-      return {name: os.path.join(directory, file) for name, file in json.load(f)["weight_map"].items()}
-  single = os.path.join(directory, "model.safetensors")
-  if not os.path.exists(single):
-    raise CheckpointError(f"{directory} holds neither model.safetensors nor model.safetensors.index.json "
-                          "(save the model with save_pretrained(..., safe_serialization=True))")
-  with safe_open(single, framework="flax") as f:
-    return {name: single for name in f.keys()}
-
-
 def load_hf_t5(directory: str, *, max_length: int = 512, host: bool = False) -> t5.T5:
   """The `T5ForConditionalGeneration` that `save_pretrained` wrote to `directory`, as a float32 `t5.T5`
   (`host`: parameters left in host memory, `models.with_params`).
@@ -170,7 +156,7 @@ def load_hf_t5(directory: str, *, max_length: int = 512, host: bool = False) -> 
     config = config_from_hf(hf_config, max_length=max_length)
   except (OSError, ValueError, KeyError) as e:
     raise CheckpointError(f"{directory}: config.json is missing or not a T5 config ({e!r})") from e
-  files = _safetensors_files(directory)
+  files = safetensors_files(directory)
   where = f"Hugging Face checkpoint {directory}"
   embedding = next((name for name in _EMBEDDING_ALIASES if name in files), _EMBEDDING_ALIASES[0])
   names = hf_names(config)
@@ -228,126 +214,6 @@ def save_hf_t5(model: t5.T5, directory: str | os.PathLike) -> str:
   return directory
 
 
-# Gemma 2 (`Gemma2ForCausalLM`): HF name pattern (layer i) -> our path, and how HF's [out, in] tensors become
-# the gemma library's layouts (`models.gemma2`): {name: array} -> array.
-def _gemma2_tensors(config: gemma2.Gemma2Config) -> dict[str, tuple[tuple[str, ...], Callable[..., np.ndarray]]]:
-  n, k, e, h = config.num_heads, config.num_kv_heads, config.embed_dim, config.head_dim
-  names = {"embedder/input_embedding": (("model.embed_tokens.weight",), lambda w: w),
-           "final_norm/scale": (("model.norm.weight",), lambda w: w)}
-  for i in range(config.num_layers):
-    hf, ours = f"model.layers.{i}", f"layer_{i}"
-    names[f"{ours}/attn/q_einsum/w"] = ((f"{hf}.self_attn.q_proj.weight",),
-                                        lambda w: w.reshape(n, h, e).transpose(0, 2, 1))
-    names[f"{ours}/attn/kv_einsum/w"] = ((f"{hf}.self_attn.k_proj.weight", f"{hf}.self_attn.v_proj.weight"),
-                                         lambda *kv: np.stack([w.reshape(k, h, e).transpose(0, 2, 1) for w in kv]))
-    names[f"{ours}/attn/attn_vec_einsum/w"] = ((f"{hf}.self_attn.o_proj.weight",),
-                                               lambda w: w.reshape(e, n, h).transpose(1, 2, 0))
-    names[f"{ours}/mlp/gating_einsum"] = ((f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"),
-                                          lambda gate, up: np.stack([gate, up]))
-    names[f"{ours}/mlp/linear"] = ((f"{hf}.mlp.down_proj.weight",), lambda w: w.T)
-    for theirs, norm in (("input_layernorm", "pre_attention_norm"), ("post_attention_layernorm", "post_attention_norm"),
-                         ("pre_feedforward_layernorm", "pre_ffw_norm"), ("post_feedforward_layernorm", "post_ffw_norm")):
-      names[f"{ours}/{norm}/scale"] = ((f"{hf}.{theirs}.weight",), lambda w: w)
-  return names
-
-
-def gemma2_config_from_hf(hf: dict[str, Any], *, max_length: int | None = None) -> gemma2.Gemma2Config:
-  """Our config of a Hugging Face `Gemma2Config` (config.json); ValueError for what Gemma2 does not compute."""
-  if hf.get("hidden_activation", hf.get("hidden_act")) not in ("gelu_pytorch_tanh", "gelu_tanh", None):
-    raise ValueError(f"hidden_activation {hf.get('hidden_activation')!r}: Gemma 2 computes gelu_pytorch_tanh")
-  if hf.get("tie_word_embeddings", True) is False or hf.get("attention_bias"):
-    raise ValueError("an untied output head or attention biases: not Gemma 2's architecture")
-  kinds = {"sliding_attention": gemma2.LOCAL, "full_attention": gemma2.GLOBAL}
-  return gemma2.Gemma2Config(
-      vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"], hidden_dim=hf["intermediate_size"],
-      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"], num_kv_heads=hf["num_key_value_heads"],
-      head_dim=hf["head_dim"], query_pre_attn_scalar=float(hf["query_pre_attn_scalar"]),
-      sliding_window=hf["sliding_window"], attn_logit_softcap=hf.get("attn_logit_softcapping"),
-      final_logit_softcap=hf.get("final_logit_softcapping"), rope_theta=float(hf.get("rope_theta", 10_000.0)),
-      rms_norm_eps=hf.get("rms_norm_eps", 1e-6), max_len=max_length or hf["max_position_embeddings"],
-      layer_types=tuple(kinds[kind] for kind in hf.get("layer_types") or ()))
-
-
-def load_hf_gemma2(directory: str, *, max_length: int | None = None, host: bool = False) -> gemma2.Gemma2:
-  """The `Gemma2ForCausalLM` that `save_pretrained` wrote to `directory`, as a float32 `gemma2.Gemma2`
-  (default max_length: the config's max_position_embeddings; `host`: parameters left in host memory,
-  `models.with_params`). Raises CheckpointError naming a missing, unexpected or mis-shaped tensor."""
-  directory, where = os.path.abspath(directory), f"Hugging Face checkpoint {os.path.abspath(directory)}"
-  try:
-    config = gemma2_config_from_hf(_hf_config(directory), max_length=max_length)
-  except (ValueError, KeyError) as e:
-    raise CheckpointError(f"{where}: config.json is not a Gemma 2 config ({e!r})") from e
-  files = _safetensors_files(directory)
-  expected = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape) for path, leaf in
-              jax.tree_util.tree_flatten_with_path(jax.eval_shape(functools.partial(gemma2.init, config),
-                                                                  jax.random.PRNGKey(0)).params)[0]}
-  flat, used = {}, set()
-  for path, (names, convert) in _gemma2_tensors(config).items():
-    missing = [name for name in names if name not in files]
-    if missing:
-      raise CheckpointError(f"{where}: tensor {missing[0]} is missing (needed for {path})")
-    arrays = []
-    for name in names:
-      with safe_open(files[name], framework="numpy") as f:
-        arrays.append(np.asarray(f.get_tensor(name), np.float32))
-    try:
-      array = convert(*arrays)
-    except ValueError:   # a reshape that does not fit
-      array = None
-    if array is None or array.shape != expected[path]:
-      raise CheckpointError(f"{where}: tensor{'s' * (len(names) > 1)} {', '.join(names)} of shape "
-                            f"{', '.join(str(a.shape) for a in arrays)} do not give {path} {expected[path]}")
-    flat[tuple(path.split("/"))] = array
-    used.update(names)
-  if "lm_head.weight" in files:   # a tied head may be saved as well: it must be the embedding
-    with safe_open(files["lm_head.weight"], framework="numpy") as f:
-      if not np.array_equal(f.get_tensor("lm_head.weight"), flat[("embedder", "input_embedding")]):
-        raise CheckpointError(f"{where}: lm_head.weight differs from the embedding; Gemma 2 ties them")
-    used.add("lm_head.weight")
-  unexpected = sorted(set(files) - used)
-  if unexpected:
-    raise CheckpointError(f"{where}: unexpected tensors ({len(unexpected)}), is config.json the checkpoint's? "
-                          f"{', '.join(unexpected[:5])}{' …' if len(unexpected) > 5 else ''}")
-  try:
-    return models.with_params(jax.eval_shape(functools.partial(gemma2.init, config), jax.random.PRNGKey(0)),
-                              traverse_util.unflatten_dict(flat), host=host)
-  except ValueError as e:
-    raise CheckpointError(f"{where}: {e}") from e
-
-
-def load_gemma(path: str, preset: str, *, max_length: int | None = None, host: bool = False) -> gemma2.Gemma2:
-  """A Gemma 2 checkpoint in the `gemma` library's Orbax layout (the released Flax checkpoints: a tree keyed
-  'transformer/layer_i/attn/q_einsum' → {'w': …}, 'transformer/layer_i/mlp/gating_einsum' → {'w': …}, …,
-  nested or flat), read without the `gemma` package. `preset` (`gemma2.PRESETS`: gemma2_2b, gemma2_9b,
-  gemma2_27b) gives what the tensors do not (the query scaling, the window, the soft caps); the vocabulary
-  is the embedding's rows; `host` as `load_hf_gemma2`. Raises CheckpointError naming a missing, unexpected
-  or mis-shaped tensor."""
-  where = f"gemma checkpoint {path}"
-  if preset not in gemma2.PRESETS:
-    raise CheckpointError(f"{where}: unknown preset {preset!r}; one of {', '.join(gemma2.PRESETS)}")
-  try:
-    with ocp.PyTreeCheckpointer() as checkpointer:
-      stored = checkpointer.restore(os.path.abspath(path))
-  except (OSError, ValueError, FileNotFoundError) as e:
-    raise CheckpointError(f"{where}: not an Orbax checkpoint ({type(e).__name__}: {e})") from e
-  flat = {}
-  for keys, leaf in traverse_util.flatten_dict(stored).items():
-    name = "/".join(keys).removeprefix("transformer/")
-    # The gemma library stores the MLP's two weights as modules with one 'w' each.
-    name = re.sub(r"/mlp/(gating_einsum|linear)/w$", r"/mlp/\1", name)
-    flat[tuple(name.split("/"))] = np.asarray(leaf, np.float32)
-  embedding = flat.get(("embedder", "input_embedding"))
-  if embedding is None:
-    raise CheckpointError(f"{where}: tensor transformer/embedder/input_embedding is missing")
-  config = gemma2.Gemma2Config(vocab_size=embedding.shape[0], **{**gemma2.PRESETS[preset],
-                                                                 "max_len": max_length or 8192})
-  try:
-    return models.with_params(jax.eval_shape(functools.partial(gemma2.init, config), jax.random.PRNGKey(0)),
-                              traverse_util.unflatten_dict(flat), host=host)
-  except ValueError as e:
-    raise CheckpointError(f"{where} (preset {preset}): {e}") from e
-
-
 def _hf_config(directory: str) -> dict[str, Any]:
   try:
     with open(os.path.join(directory, "config.json")) as f:
@@ -357,20 +223,11 @@ def _hf_config(directory: str) -> dict[str, Any]:
                           "directory holds one") from e
 
 
-def load_any(path: str, *, host: bool = False) -> Any:
-  """The model at `path`: an export (`checkpoint.save_params`: model.json) or a Hugging Face save_pretrained
-  directory (config.json: `load_hf`; `host`: its parameters left in host memory, for a model to be sharded
-  that one device cannot hold; an export is restored onto the first device)."""
-  if os.path.exists(os.path.join(path, "config.json")) and not os.path.exists(os.path.join(path, "model.json")):
-    return load_hf(path, host=host)
-  return load_model(path)
-
-
-def load_hf(directory: str, **kwargs: Any) -> t5.T5 | gemma2.Gemma2:
-  """The model `save_pretrained` wrote to `directory`, by its config's model_type: 't5' (`load_hf_t5`) or
-  'gemma2' (`load_hf_gemma2`); `kwargs` (max_length, host) go to that loader."""
+def load_hf(directory: str, **kwargs: Any) -> t5.T5 | decoder.Decoder:
+  """The model `save_pretrained` wrote to `directory`, by its config's model_type: 't5' (`load_hf_t5`), 'gemma2'
+  or 'llama' (`decoder_checkpoints.load_hf_decoder`); `kwargs` (max_length, host) go to that loader."""
   model_type = _hf_config(os.path.abspath(directory)).get("model_type")
-  loaders = {"t5": load_hf_t5, "gemma2": load_hf_gemma2}
+  loaders = {"t5": load_hf_t5, "gemma2": load_hf_decoder, "llama": load_hf_decoder}
   if model_type not in loaders:
     raise CheckpointError(f"{directory}: config.json's model_type is {model_type!r}; load_hf reads "
                           f"{', '.join(loaders)}")

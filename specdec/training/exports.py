@@ -21,7 +21,8 @@ from typing import Any
 from specdec.decoding import METHODS, Drafter, Method
 from specdec.models.base import Model
 from specdec.decoding.feature_drafter import FeatureDrafter, check_pair
-from specdec.training import acceptance, convert, feature_head
+from specdec.training import acceptance, feature_head
+from specdec.training.loading import load_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +90,7 @@ def check_feature_drafter_method(method: Method, drafter: str) -> None:
 
 def load_drafter(directory: str, verifier: Model) -> Model | Drafter:
   """The drafter exported in `directory`: a feature drafter over `verifier` (`is_feature_head`; ValueError
-  naming both where the head was trained for another verifier), else the model (`convert.load_any`)."""
+  naming both where the head was trained for another verifier), else the model (`loading.load_model`)."""
   if is_feature_head(directory):
     head = feature_head.load_head(directory)
     try:
@@ -97,4 +98,4 @@ def load_drafter(directory: str, verifier: Model) -> Model | Drafter:
     except ValueError as e:
       raise ValueError(f"{directory}: {e}") from None
     return FeatureDrafter(head, verifier)
-  return convert.load_any(directory)
+  return load_model(directory)

@@ -168,12 +168,12 @@ def load_head(directory: str) -> FeatureHead:
 def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,
                    learning_rate: float = 1e-3, seed: int = 0, eval_batches: int = 20, source: str = "auto",
                    command: str = "", log=print) -> str:
-  """The recipe: a head for the verifier exported in `verifier` (`checkpoint.load_model`), trained on the
+  """The recipe: a head for the verifier exported in `verifier` (`loading.load_model`), trained on the
   local Debian tasks' training text (`tasks.prefix_lm_batches`: descriptions, synopses, translations; `source`
   as `debian.load`'s), evaluated on `eval_batches` validation batches, written to `out`/feature_head/ with
   its training record (settings, losses, top-1 agreement with the verifier, seconds, `command`). Returns
   the head's path."""
-  from specdec.training.checkpoint import load_model
+  from specdec.training.loading import load_model
   start = time.monotonic()
   model = load_model(verifier)
   if os.path.exists(os.path.join(os.path.abspath(out), HEAD_DIRECTORY)):

@@ -373,7 +373,7 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
   if init_from is not None and init_from_t5x is not None:
     raise ValueError("give init_from or init_from_t5x, not both")
   if init_from is not None:
-    model = models.with_params(model, checkpoint.load_model(init_from).params)
+    model = models.with_params(model, checkpoint.load_export(init_from).params)
   if init_from_t5x is not None:
     if not isinstance(model, models.T5):
       raise ValueError(f"init_from_t5x needs a T5 preset ('t5_…'); {preset!r} is decoder-only")
@@ -384,7 +384,7 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
   if teacher is not None:
     if distill_loss not in DISTILL_LOSSES:
       raise ValueError(f"distill_loss must be one of {DISTILL_LOSSES}; got {distill_loss!r}")
-    teacher_model = checkpoint.load_model(teacher)
+    teacher_model = checkpoint.load_export(teacher)
     if teacher_model.vocab_size != vocab_size:
       raise ValueError(f"teacher {teacher} has vocab_size {teacher_model.vocab_size}; the student has {vocab_size}")
     metadata["distill"] = {"teacher": checkpoint.model_spec(teacher_model), "loss": distill_loss}

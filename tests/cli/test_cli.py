@@ -222,7 +222,8 @@ def test_each_output_line_records_the_run_and_its_own_tokens_and_time(pair, tmp_
     assert record["run"] == {
         "method": "token_cascade", "params": {"rule": "chow", "alpha": 0.3},
         "sampling": {"temperature": 0.5, "top_p": 1.0, "top_k": 20}, "seed": 3, "max_new_tokens": 6, "eos_id": 1,
-        "task": None, "truncate": False, "drafter": pair[0], "head": None, "verifier": pair[1], "vocab": None}
+        "task": None, "truncate": False, "drafter": pair[0], "head": None, "verifier": pair[1], "vocab": None,
+        "chat": False}
   # rows decoded together share their batch's time
   assert [r["batch"] for r in records] == [0, 0, 2] and records[0]["seconds"] == records[1]["seconds"]
 

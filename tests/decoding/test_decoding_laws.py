@@ -23,6 +23,8 @@ PAIRS = {
     "toy": (PositionalTrigram.random(1, V), PositionalTrigram.random(2, V)),
     # scaled-up random weights so the tiny transformer's distributions are far from uniform
     "transformer": tiny_pair(V, 32, seeds=(1, 2), scale=4.0),
+    # the Llama family's decoder (models/decoder.py: RoPE, grouped-query attention, SwiGLU, RMSNorm)
+    "llama": tiny_pair(V, 32, seeds=(1, 2), scale=0.2, preset="llama_tiny"),
 }
 
 
@@ -87,8 +89,9 @@ def test_sequence_law_matches_enumeration(method, rule, alpha, gamma, temperatur
 @pytest.mark.parametrize("method, rule, alpha, gamma", [
     ("speculative", "spec", 0.0, 2), pytest.param("speculative", "token_v3", 0.4, 3, marks=pytest.mark.slow),
     ("autoregressive", "spec", 0.0, 1)])
-def test_sequence_law_with_transformers(method, rule, alpha, gamma):
-  _check_law("transformer", method, rule, alpha, gamma, 1.0, 0.9)
+@pytest.mark.parametrize("pair", ["transformer", "llama"])
+def test_sequence_law_with_transformers(pair, method, rule, alpha, gamma):
+  _check_law(pair, method, rule, alpha, gamma, 1.0, 0.9)
 
 
 def _check_law(pair, method, rule, alpha, gamma, temperature, top_p):

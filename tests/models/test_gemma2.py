@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from specdec import decoding, models
 from specdec.models import gemma2, partitioning
-from specdec.training import CheckpointError, convert, load_model, save_params
+from specdec.training import CheckpointError, convert, decoder_checkpoints, load_model, save_params
 from tests.backends import tolerance
 from tests.stats import assert_law, sequence_codes, sequence_law
 
@@ -44,7 +44,7 @@ def hf_model(tmp_path_factory):
 def test_load_hf_gives_transformers_logits_teacher_forced_and_through_the_cache(hf_model):
   model, directory = hf_model
   ours = convert.load_hf(str(directory))
-  assert isinstance(ours, models.Gemma2) and ours.config.attention_types == ("local", "global", "local")
+  assert isinstance(ours, models.Decoder) and ours.config.attention_types == ("local", "global", "local")
   tokens = np.random.default_rng(0).integers(0, 64, (2, 20))          # longer than the window of 6
   torch = pytest.importorskip("torch")
   with torch.no_grad():
@@ -81,7 +81,7 @@ def test_load_hf_names_a_missing_or_misshaped_tensor_and_reads_t5_too(hf_model, 
 
 def test_logical_axes_cover_every_gemma2_parameter():
   axes = partitioning.logical_axes(models.build("gemma2_tiny", vocab_size=16).params)
-  assert axes["layer_0"]["attn"]["kv_einsum"]["w"] == ("stack", "heads", "embed", "kv")
+  assert axes["layer_0"]["attn"]["kv_einsum"]["w"] == ("embed", "stack", "heads", "kv")
   assert axes["embedder"]["input_embedding"] == ("vocab", "embed")
 
 
@@ -96,30 +96,32 @@ def test_an_exported_gemma2_loads_back(tmp_path):
 
 def test_a_checkpoint_in_the_gemma_librarys_layout_loads(tmp_path):
   """The released Flax checkpoints' Orbax tree: flat keys 'transformer/layer_i/…' holding {'w'} or {'scale'},
-  the MLP's weights as modules of one 'w' each."""
+  the MLP's weights as modules of one 'w' each, the projections laid out as the library lays them out."""
   model = models.build("gemma2_tiny", vocab_size=16, seed=4)
   stored = {}
   for path, leaf in traverse_util.flatten_dict(model.params).items():
+    axes = next((axes for suffix, axes in decoder_checkpoints.GEMMA_LIBRARY_AXES.items()
+                 if "/".join(path).endswith(suffix)), None)
+    leaf = np.asarray(leaf) if axes is None else np.asarray(leaf).transpose(np.argsort(axes))
     if path[-2] == "mlp":
-      stored[f"transformer/{'/'.join(path)}"] = {"w": np.asarray(leaf)}
+      stored[f"transformer/{'/'.join(path)}"] = {"w": leaf}
     else:
-      stored[f"transformer/{'/'.join(path[:-1])}"] = {path[-1]: np.asarray(leaf)}
+      stored[f"transformer/{'/'.join(path[:-1])}"] = {path[-1]: leaf}
   with ocp.PyTreeCheckpointer() as checkpointer:
     checkpointer.save(str(tmp_path / "2b"), stored)
-  loaded = convert.load_gemma(str(tmp_path / "2b"), "gemma2_tiny", max_length=64)
+  loaded = decoder_checkpoints.load_gemma(str(tmp_path / "2b"), "gemma2_tiny", max_length=64)
   tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]], jnp.int32)
   np.testing.assert_array_equal(loaded.logits(tokens), model.logits(tokens))
   with pytest.raises(CheckpointError, match="preset gemma2_2b.*wrong shape"):
-    convert.load_gemma(str(tmp_path / "2b"), "gemma2_2b")
+    decoder_checkpoints.load_gemma(str(tmp_path / "2b"), "gemma2_2b")
 
 
-def _pair(vocab: int, window: int, scale: float = 1.0, max_length: int = 64) -> tuple[gemma2.Gemma2, gemma2.Gemma2]:
+def _pair(vocab: int, window: int, scale: float = 1.0, max_length: int = 64) -> tuple[models.Decoder, models.Decoder]:
   """A drafter and a verifier: tiny Gemma 2s whose local layers see `window` positions."""
-  config = gemma2.Gemma2Config(vocab_size=vocab, embed_dim=16, hidden_dim=32, num_layers=2, num_heads=2,
-                               num_kv_heads=1, head_dim=8, query_pre_attn_scalar=8.0, sliding_window=window,
-                               max_len=max_length)
+  config = gemma2.config(vocab, embed_dim=16, hidden_dim=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
+                          query_pre_attn_scalar=8.0, sliding_window=window, max_len=max_length)
   return tuple(models.with_params(m, jax.tree.map(lambda w: scale * w, m.params))
-               for m in (gemma2.init(config, jax.random.PRNGKey(seed)) for seed in (1, 2)))
+               for m in (models.decoder.init(config, jax.random.PRNGKey(seed)) for seed in (1, 2)))
 
 
 @pytest.mark.parametrize("method, params", [("speculative", dict(gamma=3)), ("spectr", dict(num_drafts=2, gamma=2))])

@@ -18,14 +18,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from specdec import decoding, models  # noqa: E402
 from specdec.evaluation import hlo, sweep  # noqa: E402
-from specdec.models import gemma2, partitioning, t5  # noqa: E402
+from specdec.models import decoder, gemma2, partitioning, t5  # noqa: E402
 from specdec.training import train  # noqa: E402
 
 V = 64
 VERIFIER = t5.T5Config(vocab_size=V, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48, num_encoder_layers=2,
                        num_decoder_layers=2, max_len=64)
-GEMMA2 = gemma2.Gemma2Config(vocab_size=V, embed_dim=32, hidden_dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                             head_dim=8, query_pre_attn_scalar=8.0, sliding_window=4, max_len=64)
+GEMMA2 = gemma2.config(V, embed_dim=32, hidden_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                       query_pre_attn_scalar=8.0, sliding_window=4, max_len=64)
 MESHES = [(4, 2), (8, 1)]
 
 
@@ -43,7 +43,7 @@ def _pair(kind):
   if kind == "t5":
     verifier, noise = t5.init(VERIFIER, jax.random.PRNGKey(2)), 0.1
   elif kind == "gemma2":   # weights scaled down: random Gemma 2 logits are otherwise nearly one-hot
-    verifier, noise = gemma2.init(GEMMA2, jax.random.PRNGKey(2)), 0.3
+    verifier, noise = decoder.init(GEMMA2, jax.random.PRNGKey(2)), 0.3
     verifier = verifier.replace(params=jax.tree.map(lambda w: 0.25 * w, verifier.params))
   else:
     verifier, noise = models.build("tiny", vocab_size=V, seed=2, max_length=64), 0.3

