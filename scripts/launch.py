@@ -126,29 +126,36 @@ class Sizing:
 
 def gemma_pair_bytes(verifier: str, cache_length: int, batch_size: int, bytes_per_value: int = 2
                      ) -> tuple[int, int, int]:
-  """(weight bytes, KV-cache bytes, the largest 'model' axis both models' KV heads divide) of Gemma 2 2B →
-  `verifier` ('9b' | '27b'), weights and caches of `cache_length` positions for `batch_size` rows held in
-  `bytes_per_value` (2: bfloat16, as the pairs' gin files load them). Parameter counts come from the model
-  itself (shapes only, nothing allocated)."""
-  from specdec.models import gemma2
+  """`pair_bytes` of Gemma 2 2B → `verifier` ('9b' | '27b') at Gemma's 256k vocabulary."""
+  return pair_bytes("gemma2_2b", f"gemma2_{verifier}", 256_000, cache_length, batch_size, bytes_per_value)
+
+
+def pair_bytes(drafter: str, verifier: str, vocab_size: int, cache_length: int, batch_size: int,
+               bytes_per_value: int = 2) -> tuple[int, int, int]:
+  """(weight bytes, KV-cache bytes, the largest 'model' axis both models' KV heads divide) of two presets (any
+  family: `models.families`), weights and caches of `cache_length` positions for `batch_size` rows held in
+  `bytes_per_value` (2: bfloat16, as the pairs' gin files load them). From the models' own shapes (nothing
+  allocated)."""
   weights = cache = 0
   kv_heads = []
-  for preset in ("gemma2_2b", f"gemma2_{verifier}"):
-    config = gemma2.config(256_000, **gemma2.PRESETS[preset])
-    weights += _parameter_count(preset) * bytes_per_value
-    cache += 2 * config.num_layers * config.num_kv_heads * config.head_dim * cache_length * batch_size * bytes_per_value
-    kv_heads.append(config.num_kv_heads)
+  for preset in (drafter, verifier):
+    parameters, cache_values, heads = _shapes(preset, vocab_size, cache_length, batch_size)
+    weights += parameters * bytes_per_value
+    cache += cache_values * bytes_per_value
+    kv_heads.append(heads)
   return weights, cache, math.gcd(*kv_heads)
 
 
 @functools.lru_cache(maxsize=None)
-def _parameter_count(preset: str) -> int:
-  """A Gemma 2 preset's parameters at the 256k vocabulary, from its shapes (tracing a 27B init takes seconds)."""
+def _shapes(preset: str, vocab_size: int, cache_length: int, batch_size: int) -> tuple[int, int, int]:
+  """A preset's parameters, its KV cache's values for the batch and its cache heads, from its shapes (tracing a
+  27B init takes seconds)."""
   import jax
-  from specdec.models import gemma2
-  config = gemma2.config(256_000, **gemma2.PRESETS[preset])
-  shapes = jax.eval_shape(lambda key: gemma2.init(config, key).params, jax.random.PRNGKey(0))
-  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+  from specdec import models
+  model = jax.eval_shape(lambda: models.build(preset, vocab_size=vocab_size, max_length=cache_length))
+  cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length))
+  count = lambda tree: sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))  # noqa: E731
+  return count(model.params), count(cache.kv), model.config.cache_heads
 
 
 def size_mesh(tpu: str, verifier: str, cache_length: int, batch_size: int, bytes_per_value: int = 2) -> Sizing:

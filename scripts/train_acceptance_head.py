@@ -57,7 +57,7 @@ def train_acceptance_head(*, drafter: str, verifier: str, generated: str, task_n
         f"{time.perf_counter() - start:.0f} s; mean acceptance {train.labels[train.response].mean():.3f} "
         f"(T={temperature})",
         flush=True)
-  config = HeadConfig(drafter_model.config.emb_dim, depth=depth)
+  config = HeadConfig(drafter_model.config.embed_dim, depth=depth)
   head, metrics = acceptance.train_head(drafter_model, train, valid, config=config, steps=steps,
                                         batch_size=batch_size, learning_rate=learning_rate,
                                         mix_fraction=mix_fraction, w_acc=w_acc, w_rej=w_rej, seed=seed)

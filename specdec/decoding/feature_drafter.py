@@ -83,7 +83,7 @@ class FeatureDrafter(Drafter):
     decoder reads nothing of it: the loop hands over its decoder start token as the pending token)."""
     batch = prompts.shape[0]
     last = prompts[jnp.arange(batch), prompt_lengths - 1].astype(jnp.int32)
-    feature = jnp.zeros((batch, self.head.config.emb_dim), jnp.float32)
+    feature = jnp.zeros((batch, self.head.config.embed_dim), jnp.float32)
     return FeatureState(cache=self.head.init_cache(batch, cache_length), feature=feature), last
 
   @property
@@ -171,8 +171,8 @@ def check_pair(head: FeatureHead, verifier: Model) -> None:
     raise ValueError(f"a feature drafter reads the verifier's hidden states through {', '.join(missing)}, "
                      f"which {type(verifier).__name__} does not have")
   config = head.config
-  if (config.emb_dim, config.vocab_size) != (verifier.hidden_size, verifier.vocab_size):
-    raise ValueError(f"the feature head reads hidden size {config.emb_dim} and vocabulary {config.vocab_size}; "
+  if (config.embed_dim, config.vocab_size) != (verifier.hidden_size, verifier.vocab_size):
+    raise ValueError(f"the feature head reads hidden size {config.embed_dim} and vocabulary {config.vocab_size}; "
                      f"the verifier has {verifier.hidden_size} and {verifier.vocab_size}")
   if config.fingerprint and config.fingerprint != verifier_fingerprint(verifier):
     raise ValueError(f"the feature head was trained for the verifier with output layer {config.fingerprint}; "

@@ -23,6 +23,7 @@ import numpy as np
 
 from specdec import checks, decoding, models
 from specdec.data import SPLITS, few_shot, seqio_tasks, shipped, tasks
+from specdec.training import loading
 
 # Keys every stored point has, None where the method does not read them: results written before the method
 # registry (when these four were a point's only parameters) keep their hashes.
@@ -43,11 +44,12 @@ class ModelSource:
   head: str | None = None
 
   def directory(self) -> str | None:
-    """`path` from the working directory, else from the shipped root (`shipped.find`: data/models/… of an
-    installed package). The record keeps `path` as written."""
+    """The model `path` names (`training.loading.resolve`: from the working directory, a pretrained checkpoint's
+    name such as "smollm2", a shipped model from the shipped root — data/models/… of an installed package); a
+    directory or a file (GGUF). The record keeps `path` as written."""
     if self.path is None or "://" in self.path:   # gs://… as it is
       return self.path
-    return os.path.abspath(shipped.find(self.path, ""))
+    return os.path.abspath(loading.resolve(self.path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,9 +187,11 @@ def _check_experiment(experiment: Experiment) -> None:
       raise ValueError(f"{role}: give exactly one of path (an exported model) and preset; got {source}")
     if source.dtype is not None and source.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"{role}: dtype must be float32, bfloat16 or float16 (None: float32); got {source.dtype!r}")
-    known = [*models.PRESETS, *models.t5.PRESETS, *models.gemma2.PRESETS]
-    if source.preset is not None and source.preset not in known:
-      raise ValueError(f"{role}: unknown preset {source.preset!r}; known: {', '.join(known)}")
+    if source.preset is not None:
+      try:
+        models.families.for_preset(source.preset)
+      except ValueError as e:
+        raise ValueError(f"{role}: {e}") from None
   for t in _values("experiment", "temperatures", experiment.temperatures):
     checks.check_temperature(t)
   for p in _values("experiment", "top_ps", experiment.top_ps):

@@ -211,8 +211,8 @@ def abstract_feature_drafter(verifier: Any, target: Mesh | Any, dtype: Any) -> f
     raise ValueError(f"a feature drafter reads the verifier's hidden states through {', '.join(missing)}, which "
                      f"{type(verifier).__name__} does not have")
   cfg = verifier.config
-  config = feature_head.FeatureHeadConfig(emb_dim=verifier.hidden_size, vocab_size=verifier.vocab_size,
-                                          num_heads=cfg.num_heads, mlp_dim=getattr(cfg, "mlp_dim", None) or cfg.hidden_dim,
+  config = feature_head.FeatureHeadConfig(embed_dim=verifier.hidden_size, vocab_size=verifier.vocab_size,
+                                          num_heads=cfg.num_heads, hidden_dim=cfg.hidden_dim,
                                           max_len=verifier.max_length, dtype=dtype)
   head = jax.eval_shape(lambda: feature_head.init_from_config(config, jax.random.PRNGKey(0)))
   return feature_drafter.FeatureDrafter(partitioning.abstract_model(head, target), verifier)
@@ -347,7 +347,7 @@ def feature_step_program(drafter: feature_drafter.FeatureDrafter, target: Mesh |
   the verifier's embeddings of the tokens, and with `logits` its prediction read through the verifier's
   output layer (a drafting step); without, the re-read of a verified block."""
   cache = _abstract_cache(drafter.head, target, batch_size, cache_length)
-  features = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n, drafter.head.config.emb_dim),
+  features = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n, drafter.head.config.embed_dim),
                                                               jnp.float32), target, batch_size)
   tokens = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n), jnp.int32), target, batch_size)
 
@@ -535,7 +535,7 @@ def plan(setting: Setting, topo: Topology, mesh_shape: tuple[int, int], *, accep
   program = decode_facts(setting, topo, mesh_shape, cache=cache, progress=progress)
   if program["fits"]:
     cfg = verifier.config
-    heads = getattr(cfg, "cache_heads", None) or cfg.num_heads
+    heads = cfg.cache_heads
     data, model = mesh_shape
     cache_elements = (setting.batch_size // data) * (heads // model if heads % model == 0 else heads) \
         * cache_length * cfg.head_dim

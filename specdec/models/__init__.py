@@ -1,8 +1,10 @@
-"""Models behind the `base.Model` interface: `build(preset, ...)` makes a randomly initialised one.
+"""Models behind the `base.Model` interface: `build(preset, ...)` makes a randomly initialised one, of the model
+family (`families`: the registry of families, their presets, configs, checkpoint formats and partitioning rules)
+the preset belongs to.
 
-Presets are the lm1b-style decoder-only transformers of SpecTr's LM1B experiment (§8, Table 4): a 6M
-drafter, its halved (2M) and doubled (20M) variants (layers, embedding, MLP and heads all ×½ or ×2),
-and the 97M target; 15m is the 20m with a 1024-wide MLP, the verifier of the shipped Debian pair (8.4M
+The "transformer" family's presets (models/transformer.py) are the lm1b-style decoder-only transformers of
+SpecTr's LM1B experiment (§8, Table 4): a 6M drafter, its halved (2M) and doubled (20M) variants (layers,
+embedding, MLP and heads all ×½ or ×2), and the 97M target; 15m is the 20m with a 1024-wide MLP, the verifier of the shipped Debian pair (8.4M
 parameters at the shipped vocabulary's 8192, 17 MB in bf16; its drafter is the 2m, 0.69M).
 Parameters at vocab_size 32000, shared input/output embedding (V·E of each total):
 
@@ -14,7 +16,7 @@ Parameters at vocab_size 32000, shared input/output embedding (V·E of each tota
   20m     256     8      8    2048   18,704,896
   97m     768    10     12    3072   95,425,536
 
-Presets named "t5_…" build the encoder-decoder `t5.T5` (T5 v1.1, models/t5.py), whose prompt is its
+The "t5" family's presets build the encoder-decoder `t5.T5` (T5 v1.1, models/t5.py), whose prompt is its
 encoder input. Sizes are T5 v1.1's (HF google/t5-v1_1-*) plus three for tests and the CPU; t5_tiny and
 t5_25m are the drafter and verifier of the trained Debian T5 pair (0.57M and 13.6M parameters at the
 shipped vocabulary's 8192; the verifier's decoder step takes ≈ 24× the drafter's multiply-adds).
@@ -29,9 +31,9 @@ Parameters at T5's vocab_size 32128 (untied input and output embeddings, 2·V·E
   t5_large 1024     24+24          16     64   2816   783,150,080
   t5_xl    2048     24+24          32     64   5120 2,849,757,184
 
-Presets named "gemma2_…" (models/gemma2.py: Gemma 2's 2B, 9B and 27B shapes, vocabulary 256,128 for the released
-checkpoints, which `training.load_hf` and `training.load_gemma` read, and gemma2_tiny for tests) and the Llama
-family's (models/llama.py: smollm2_135m, whose checkpoint `training.load_gguf` reads, and llama_tiny for tests)
+The "gemma2" family's presets (models/gemma2.py: Gemma 2's 2B, 9B and 27B shapes, vocabulary 256,128 for the
+released checkpoints, which `training.load_hf` and `training.load_gemma` read, and gemma2_tiny for tests) and the
+"llama" family's (models/llama.py: smollm2_135m, whose checkpoint `training.load_gguf` reads, and llama_tiny for tests)
 build the shared decoder-only `decoder.Decoder` (models/decoder.py) with their family's switches.
 """
 
@@ -45,37 +47,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec.models import base, decoder, gemma2, llama, t5
+from specdec.models import base, decoder, families, gemma2, llama, t5, transformer
 from specdec.models.decoder import Decoder, DecoderConfig
 from specdec.models.t5 import T5, T5Config
-from specdec.models.transformer import TransformerConfig, TransformerLM, init
-
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(emb_dim=32, num_layers=2, num_heads=2, qkv_dim=32, mlp_dim=64),
-    "2m": dict(emb_dim=64, num_layers=2, num_heads=2, qkv_dim=64, mlp_dim=512),
-    "6m": dict(emb_dim=128, num_layers=4, num_heads=4, qkv_dim=128, mlp_dim=1024),
-    "15m": dict(emb_dim=256, num_layers=8, num_heads=8, qkv_dim=256, mlp_dim=1024),
-    "20m": dict(emb_dim=256, num_layers=8, num_heads=8, qkv_dim=256, mlp_dim=2048),
-    "97m": dict(emb_dim=768, num_layers=10, num_heads=12, qkv_dim=768, mlp_dim=3072),
-}
+from specdec.models.transformer import TransformerConfig, TransformerLM
 
 
 def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 512, dtype: Any = jnp.float32
           ) -> TransformerLM | T5 | Decoder:
-  """A randomly initialised model of a preset (a `T5` for "t5_…" presets, a `Decoder` for Gemma 2's and Llama's); load
-  trained parameters with `with_params` (checkpoints: `specdec.training.convert`). `dtype`: see `with_dtype`."""
-  if preset in t5.PRESETS:
-    model = t5.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
-  elif preset in gemma2.PRESETS:
-    model = gemma2.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
-  elif preset in llama.PRESETS:
-    model = llama.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
-  elif preset in PRESETS:
-    model = init(TransformerConfig(vocab_size=vocab_size, max_len=max_length, **PRESETS[preset]),
-                 jax.random.PRNGKey(seed))
-  else:
-    raise ValueError(f"unknown model preset {preset!r}; known presets: "
-                     f"{', '.join([*PRESETS, *t5.PRESETS, *gemma2.PRESETS, *llama.PRESETS])}")
+  """A randomly initialised model of a preset (`families.for_preset`; `max_length`: the largest cache length it
+  accepts); load trained parameters with `with_params` (checkpoints: `specdec.training.load_model`). `dtype`: see
+  `with_dtype`."""
+  model = families.for_preset(preset).build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   return with_dtype(model, dtype)
 
 
@@ -131,5 +114,6 @@ def with_params(model: Any, params: Any, *, host: bool = False) -> Any:
   return model.replace(params=jax.tree_util.tree_unflatten(treedef, leaves))
 
 
-__all__ = ["PRESETS", "Decoder", "DecoderConfig", "T5", "T5Config", "TransformerConfig", "TransformerLM", "base", "build",
-           "cast_params", "count_params", "decoder", "gemma2", "llama", "t5", "with_dtype", "with_params"]
+# The families' modules (gemma2, llama, t5, transformer) are the registry's (`families`), not listed here.
+__all__ = ["Decoder", "DecoderConfig", "T5", "T5Config", "TransformerConfig", "TransformerLM", "base", "build",
+           "cast_params", "count_params", "decoder", "families", "with_dtype", "with_params"]

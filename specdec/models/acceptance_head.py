@@ -21,13 +21,13 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class HeadConfig:
-  """emb_dim: the drafter's hidden size E; depth: residual SiLU blocks before the read-out."""
-  emb_dim: int
+  """embed_dim: the drafter's hidden size E; depth: residual SiLU blocks before the read-out."""
+  embed_dim: int
   depth: int = 1
 
   def __post_init__(self):
-    if self.depth < 0 or self.emb_dim < 1:
-      raise ValueError(f"HeadConfig needs depth >= 0 and emb_dim >= 1; got {self}")
+    if self.depth < 0 or self.embed_dim < 1:
+      raise ValueError(f"HeadConfig needs depth >= 0 and embed_dim >= 1; got {self}")
 
 
 class _Head(nn.Module):
@@ -37,7 +37,7 @@ class _Head(nn.Module):
   def __call__(self, hidden: Array) -> Array:
     x = hidden.astype(jnp.float32)
     for layer in range(self.config.depth):
-      x = x + nn.silu(nn.Dense(self.config.emb_dim, name=f"block_{layer}")(x))
+      x = x + nn.silu(nn.Dense(self.config.embed_dim, name=f"block_{layer}")(x))
     return nn.Dense(1, name="readout")(x)[..., 0]
 
 
@@ -58,5 +58,5 @@ class AcceptanceHead:
 
 def init_head(config: HeadConfig, key: Array) -> AcceptanceHead:
   """A randomly initialised head (flax's Dense initialisers)."""
-  params = _Head(config).init(key, jnp.zeros((1, config.emb_dim), jnp.float32))["params"]
+  params = _Head(config).init(key, jnp.zeros((1, config.embed_dim), jnp.float32))["params"]
   return AcceptanceHead(params=params, config=config)

@@ -296,6 +296,15 @@ def row_axes(cache: Cache) -> Cache:
   return Cache(kv=kv, lengths=0)
 
 
+# Config fields every family names alike now, by their names in exports written before (model.json, head.json).
+RENAMED_FIELDS = {"emb_dim": "embed_dim", "mlp_dim": "hidden_dim"}
+
+
+def current_fields(fields: dict[str, Any]) -> dict[str, Any]:
+  """A config's fields as read from an export's JSON, under today's names (`RENAMED_FIELDS`)."""
+  return {RENAMED_FIELDS.get(name, name): value for name, value in fields.items()}
+
+
 def rollback(cache: Cache, lengths: Array) -> Cache:
   """Resets every row's length (KV-cache rollback is a length reset, not a copy)."""
   return cache.replace(lengths=jnp.asarray(lengths, jnp.int32))

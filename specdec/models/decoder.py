@@ -107,6 +107,19 @@ class DecoderConfig:
     return (self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar) ** -0.5
 
 
+# Partitioning (`models.partitioning`): a regular expression on the "/"-joined parameter path, the logical axes of
+# its dimensions; the 2 of kv_einsum / gating_einsum (keys and values; gate and up) is replicated.
+LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"^embedder/(input|output)_embedding$", ("vocab", "embed")),
+    (r"^layer_\d+/attn/q_einsum/w$", ("embed", "heads", "kv")),
+    (r"^layer_\d+/attn/kv_einsum/w$", ("embed", "stack", "heads", "kv")),
+    (r"^layer_\d+/attn/attn_vec_einsum/w$", ("heads", "kv", "embed")),
+    (r"^layer_\d+/mlp/gating_einsum$", ("embed", "stack", "mlp")),
+    (r"^layer_\d+/mlp/linear$", ("mlp", "embed")),
+    (r"^(layer_\d+/(pre_attention|post_attention|pre_ffw|post_ffw)_norm|final_norm)/scale$", ("embed",)),
+)
+
+
 def soft_cap(x: Array, cap: float | None) -> Array:
   """cap · tanh(x / cap) (no cap: x)."""
   return x if cap is None else cap * jnp.tanh(x / cap)
@@ -321,3 +334,6 @@ def init(config: DecoderConfig, key: Array) -> Decoder:
   one = jnp.zeros((1, 1), jnp.int32)
   variables = DecoderNetwork(config).init(key, one, one, jnp.ones((1, 1, 1), bool), one)
   return Decoder(params=variables["params"], config=config)
+
+
+MODEL = Decoder

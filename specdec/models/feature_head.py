@@ -34,22 +34,30 @@ from specdec.models import base, transformer
 Array = jax.Array
 
 
+# Partitioning (`models.partitioning`): the head's "fc" over [features; embeddings] (its "block" is
+# transformer.py's, covered by that module's rules).
+LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"^fc/kernel$", ("embed", "embed")),
+    (r"^fc/bias$", ("embed",)),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class FeatureHeadConfig:
-  """emb_dim: the verifier's hidden size (features and embeddings); vocab_size: the verifier's vocabulary;
+  """embed_dim: the verifier's hidden size (features and embeddings); vocab_size: the verifier's vocabulary;
   fingerprint: `verifier_fingerprint` of the verifier it reads (checked by the drafter)."""
-  emb_dim: int
+  embed_dim: int
   vocab_size: int
   num_heads: int = 4
-  mlp_dim: int = 1024
+  hidden_dim: int = 1024
   max_len: int = 2048
   fingerprint: str = ""
   dtype: Any = jnp.float32
 
   def block_config(self) -> transformer.TransformerConfig:
-    return transformer.TransformerConfig(vocab_size=self.vocab_size, emb_dim=self.emb_dim,
-                                         num_heads=self.num_heads, num_layers=1, qkv_dim=self.emb_dim,
-                                         mlp_dim=self.mlp_dim, max_len=self.max_len, dtype=self.dtype)
+    return transformer.TransformerConfig(vocab_size=self.vocab_size, embed_dim=self.embed_dim,
+                                         num_heads=self.num_heads, num_layers=1, qkv_dim=self.embed_dim,
+                                         hidden_dim=self.hidden_dim, max_len=self.max_len, dtype=self.dtype)
 
 
 class FeatureHeadNet(nn.Module):
@@ -61,8 +69,8 @@ class FeatureHeadNet(nn.Module):
                cached: tuple[Array, Array, Array] | None = None):
     cfg = self.config
     x = jnp.concatenate([features, embeddings], axis=-1).astype(cfg.dtype)
-    x = nn.Dense(cfg.emb_dim, use_bias=True, dtype=cfg.dtype, name="fc")(x)
-    x = x + transformer.sinusoidal_embedding(positions, cfg.emb_dim).astype(cfg.dtype)
+    x = nn.Dense(cfg.embed_dim, use_bias=True, dtype=cfg.dtype, name="fc")(x)
+    x = x + transformer.sinusoidal_embedding(positions, cfg.embed_dim).astype(cfg.dtype)
     x, keys, values = transformer.DecoderBlock(cfg.block_config(), name="block")(x, mask, cached)
     return nn.LayerNorm(dtype=cfg.dtype, name="final_norm")(x).astype(jnp.float32), keys, values
 
@@ -106,15 +114,15 @@ def verifier_fingerprint(verifier) -> str:
   return f"{table.shape[0]}x{table.shape[1]}:{digest}"
 
 
-def init(verifier, key: Array, *, num_heads: int = 4, mlp_dim: int | None = None) -> FeatureHead:
+def init(verifier, key: Array, *, num_heads: int = 4, hidden_dim: int | None = None) -> FeatureHead:
   """A randomly initialised head for `verifier` (its hidden size, vocabulary and fingerprint)."""
-  emb_dim = verifier.hidden_size
-  return init_from_config(FeatureHeadConfig(emb_dim=emb_dim, vocab_size=verifier.vocab_size, num_heads=num_heads,
-                                            mlp_dim=mlp_dim or 4 * emb_dim, max_len=verifier.max_length,
+  embed_dim = verifier.hidden_size
+  return init_from_config(FeatureHeadConfig(embed_dim=embed_dim, vocab_size=verifier.vocab_size, num_heads=num_heads,
+                                            hidden_dim=hidden_dim or 4 * embed_dim, max_len=verifier.max_length,
                                             fingerprint=verifier_fingerprint(verifier)), key)
 
 
 def init_from_config(config: FeatureHeadConfig, key: Array) -> FeatureHead:
-  one = jnp.zeros((1, 1, config.emb_dim), jnp.float32)
+  one = jnp.zeros((1, 1, config.embed_dim), jnp.float32)
   params = FeatureHeadNet(config).init(key, one, one, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1, 1), bool))
   return FeatureHead(params=params["params"], config=config)

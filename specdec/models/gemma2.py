@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
+from specdec.models.decoder import DecoderConfig
 
-from specdec.models.decoder import DecoderConfig, Decoder, init
-
-# What makes the shared decoder Gemma 2 (models/decoder.py's table).
-SWITCHES: dict[str, Any] = dict(norm_offset=1.0, post_norms=True, activation="gelu_tanh", scale_embeddings=True,
-                                tie_embeddings=True, attn_logit_softcap=50.0, final_logit_softcap=30.0,
+# What makes the shared decoder Gemma 2 (models/decoder.py's table), and the values its configs take unless given.
+SWITCHES: dict[str, Any] = dict(norm_offset=1.0, post_norms=True, activation="gelu_tanh", scale_embeddings=True)
+DEFAULTS: dict[str, Any] = dict(tie_embeddings=True, attn_logit_softcap=50.0, final_logit_softcap=30.0,
                                 sliding_window=4096, rope_theta=10_000.0, rms_norm_eps=1e-6)
 
 # The report's sizes (Table 1; the released configs). The released vocabulary is 256,000 tokens (Hugging Face);
@@ -37,10 +35,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def config(vocab_size: int, **fields: Any) -> DecoderConfig:
-  """A Gemma 2 config: the family's switches, then `fields` (a preset's sizes, max_len, dtype, overrides)."""
-  return DecoderConfig(vocab_size=vocab_size, **{**SWITCHES, **fields})
+  """A Gemma 2 config: the family's switches and defaults, then `fields` (a preset's sizes, max_len, dtype,
+  overrides)."""
+  return DecoderConfig(vocab_size=vocab_size, **{**SWITCHES, **DEFAULTS, **fields})
 
-
-def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 8192) -> Decoder:
-  """A randomly initialised model of a preset (`PRESETS`)."""
-  return init(config(vocab_size, max_len=max_length, **PRESETS[preset]), jax.random.PRNGKey(seed))

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
+from specdec.models.decoder import DecoderConfig
 
-from specdec.models.decoder import DecoderConfig, Decoder, init
-
-SWITCHES: dict[str, Any] = dict(norm_offset=0.0, post_norms=False, activation="silu", scale_embeddings=False,
-                                attn_logit_softcap=None, final_logit_softcap=None, sliding_window=None)
+# What makes the shared decoder Llama (models/decoder.py's table), and the values its configs take unless given.
+SWITCHES: dict[str, Any] = dict(norm_offset=0.0, post_norms=False, activation="silu", scale_embeddings=False)
+DEFAULTS: dict[str, Any] = dict(attn_logit_softcap=None, final_logit_softcap=None, sliding_window=None)
 
 # smollm2_135m: HuggingFaceTB's SmolLM2-135M(-Instruct) (134.5M parameters, 28.3M of them the tied embedding).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -28,10 +27,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def config(vocab_size: int, **fields: Any) -> DecoderConfig:
-  """A Llama config: the family's switches, then `fields` (a preset's sizes, max_len, dtype, overrides)."""
-  return DecoderConfig(vocab_size=vocab_size, **{**SWITCHES, **fields})
+  """A Llama config: the family's switches and defaults, then `fields` (a preset's sizes, max_len, dtype,
+  overrides)."""
+  return DecoderConfig(vocab_size=vocab_size, **{**SWITCHES, **DEFAULTS, **fields})
 
-
-def build(preset: str, *, vocab_size: int, seed: int = 0, max_length: int = 8192) -> Decoder:
-  """A randomly initialised model of a preset (`PRESETS`)."""
-  return init(config(vocab_size, max_len=max_length, **PRESETS[preset]), jax.random.PRNGKey(seed))

@@ -1,7 +1,8 @@
 """SPMD partitioning (layer 2): a ('data', 'model') device mesh and t5x-style logical axis rules.
 
-Every parameter gets logical axis names from its path (T5X's parameter names for `t5.T5`, the decoder-only
-`TransformerLM`'s and the gemma library's for `decoder.Decoder`), and `DEFAULT_RULES` map logical names to mesh axes as t5x's
+Every parameter gets logical axis names from its path (each architecture's `LOGICAL_AXES`: T5X's parameter names
+for `t5.T5`, the decoder-only `TransformerLM`'s, the gemma library's for `decoder.Decoder`), and `DEFAULT_RULES`
+map logical names to mesh axes as t5x's
 `standard_logical_axis_rules` do: the vocabulary, MLP and attention-head dimensions are split over
 'model', the embedding dimension is replicated, batches are split over 'data'.
 
@@ -34,42 +35,6 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", DATA), ("vocab", MODEL), ("mlp", MODEL), ("heads", MODEL), ("joined_kv", MODEL),
     ("embed", None), ("kv", None), ("relpos_buckets", None), ("stack", None))
 
-# (regular expression on the "/"-joined parameter path, logical axes of its dimensions); first match wins.
-_LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # T5 (T5X names): models/t5.py
-    (r"^token_embedder/embedding$", ("vocab", "embed")),
-    (r"^(en|de)coder/layers_\d+/(attention|self_attention|encoder_decoder_attention)/(query|key|value)/kernel$",
-     ("embed", "joined_kv")),
-    (r"^(en|de)coder/layers_\d+/(attention|self_attention|encoder_decoder_attention)/out/kernel$",
-     ("joined_kv", "embed")),
-    (r"^(en|de)coder/layers_\d+/mlp/wi(_\d)?/kernel$", ("embed", "mlp")),
-    (r"^(en|de)coder/layers_\d+/mlp/wo/kernel$", ("mlp", "embed")),
-    (r"^(en|de)coder/relpos_bias/rel_embedding$", ("heads", "relpos_buckets")),
-    (r"^decoder/logits_dense/kernel$", ("embed", "vocab")),
-    (r"^(en|de)coder/.*/scale$", ("embed",)),
-    # TransformerLM: models/transformer.py ([E, H, D] projections, LayerNorm scale and bias), and a feature
-    # drafter's one-layer head (models/feature_head.py: "block", and "fc" over [features; embeddings])
-    (r"^embed/embedding$", ("vocab", "embed")),
-    (r"^block(_\d+)?/attention/(query|key|value)/kernel$", ("embed", "heads", "kv")),
-    (r"^block(_\d+)?/attention/out/kernel$", ("heads", "kv", "embed")),
-    (r"^block(_\d+)?/mlp/dense_in/kernel$", ("embed", "mlp")),
-    (r"^block(_\d+)?/mlp/dense_in/bias$", ("mlp",)),
-    (r"^block(_\d+)?/mlp/dense_out/kernel$", ("mlp", "embed")),
-    (r"^(block(_\d+)?/)?(ln_attention|ln_mlp|final_norm|mlp/dense_out)/(scale|bias)$", ("embed",)),
-    (r"^fc/kernel$", ("embed", "embed")),
-    (r"^fc/bias$", ("embed",)),
-    # The decoder of Gemma 2 and Llama (the gemma library's names, input dimension first): models/decoder.py;
-    # the 2 of kv_einsum / gating_einsum (keys and values; gate and up) is replicated.
-    (r"^embedder/(input|output)_embedding$", ("vocab", "embed")),
-    (r"^layer_\d+/attn/q_einsum/w$", ("embed", "heads", "kv")),
-    (r"^layer_\d+/attn/kv_einsum/w$", ("embed", "stack", "heads", "kv")),
-    (r"^layer_\d+/attn/attn_vec_einsum/w$", ("heads", "kv", "embed")),
-    (r"^layer_\d+/mlp/gating_einsum$", ("embed", "stack", "mlp")),
-    (r"^layer_\d+/mlp/linear$", ("mlp", "embed")),
-    (r"^(layer_\d+/(pre_attention|post_attention|pre_ffw|post_ffw)_norm|final_norm)/scale$", ("embed",)),
-)
-
-
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A (data, model) mesh over `devices` (default: all), the model axis over neighbouring devices.
 
@@ -89,17 +54,21 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | No
 
 
 def logical_axes(params: Any) -> Any:
-  """The logical axis names of every parameter, a pytree like `params` of tuples (one name per dimension).
-  Raises ValueError naming a parameter that no rule covers or whose rank does not match its rule."""
+  """The logical axis names of every parameter, a pytree like `params` of tuples (one name per dimension), by
+  the rules of every registered architecture (`families.logical_axis_rules`: each module's `LOGICAL_AXES`, a
+  regular expression on the "/"-joined parameter path and the logical axes of its dimensions; first match
+  wins). Raises ValueError naming a parameter that no rule covers or whose rank does not match its rule."""
+  from specdec.models import families   # the registry imports the architectures, which import this module
+  rules = families.logical_axis_rules()
   def axes(path: tuple[str, ...], leaf: Any) -> tuple[str, ...]:
     name = "/".join(path)
-    for pattern, names in _LOGICAL_AXES:
+    for pattern, names in rules:
       if re.search(pattern, name):
         if len(names) != np.ndim(leaf):
           raise ValueError(f"parameter {name} has shape {np.shape(leaf)}; its rule names {len(names)} axes {names}")
         return names
     raise ValueError(f"no logical axis rule covers parameter {name} (shape {np.shape(leaf)}); "
-                     "add one to specdec.models.partitioning._LOGICAL_AXES")
+                     "add one to the LOGICAL_AXES of its architecture's module")
 
   flat = traverse_util.flatten_dict(params)
   return traverse_util.unflatten_dict({path: axes(path, leaf) for path, leaf in flat.items()})

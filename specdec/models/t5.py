@@ -60,34 +60,54 @@ _RELPOS_INIT = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
 
 @dataclasses.dataclass(frozen=True)
 class T5Config:
-  """Hyperparameters (T5X's T5Config names). Frozen (hashable): the config is static under jit."""
+  """Hyperparameters (T5X's T5Config names, but embed_dim and hidden_dim, T5X's emb_dim and mlp_dim: named as
+  every family names them). Frozen (hashable): the config is static under jit."""
   vocab_size: int = VOCAB_SIZE
-  emb_dim: int = 512
+  embed_dim: int = 512
   num_heads: int = 6
   num_encoder_layers: int = 8
   num_decoder_layers: int = 8
   head_dim: int = 64
-  mlp_dim: int = 1024
+  hidden_dim: int = 1024
   num_buckets: int = 32
   max_distance: int = 128
   max_len: int = 512          # the largest decoder cache (positions); the encoder input has no limit
   dtype: Any = jnp.float32    # weights (`models.with_dtype`), activations, cache; norms, softmax, logits: float32
 
+  @property
+  def cache_heads(self) -> int:
+    return self.num_heads
+
 
 # T5 v1.1 sizes (HF's google/t5-v1_1-*), plus three small ones for tests and the CPU (t5_25m: the
 # verifier of the trained Debian T5 pair, t5_mini at twice the width and four times the MLP).
 PRESETS: dict[str, dict[str, int]] = {
-    "t5_tiny": dict(emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, head_dim=16, mlp_dim=64),
-    "t5_mini": dict(emb_dim=128, num_heads=4, num_encoder_layers=4, num_decoder_layers=4, head_dim=32, mlp_dim=256),
-    "t5_25m": dict(emb_dim=256, num_heads=4, num_encoder_layers=4, num_decoder_layers=4, head_dim=64, mlp_dim=1024),
-    "t5_small": dict(emb_dim=512, num_heads=6, num_encoder_layers=8, num_decoder_layers=8, head_dim=64, mlp_dim=1024),
-    "t5_base": dict(emb_dim=768, num_heads=12, num_encoder_layers=12, num_decoder_layers=12, head_dim=64,
-                    mlp_dim=2048),
-    "t5_large": dict(emb_dim=1024, num_heads=16, num_encoder_layers=24, num_decoder_layers=24, head_dim=64,
-                     mlp_dim=2816),
-    "t5_xl": dict(emb_dim=2048, num_heads=32, num_encoder_layers=24, num_decoder_layers=24, head_dim=64,
-                  mlp_dim=5120),
+    "t5_tiny": dict(embed_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, head_dim=16, hidden_dim=64),
+    "t5_mini": dict(embed_dim=128, num_heads=4, num_encoder_layers=4, num_decoder_layers=4, head_dim=32, hidden_dim=256),
+    "t5_25m": dict(embed_dim=256, num_heads=4, num_encoder_layers=4, num_decoder_layers=4, head_dim=64, hidden_dim=1024),
+    "t5_small": dict(embed_dim=512, num_heads=6, num_encoder_layers=8, num_decoder_layers=8, head_dim=64, hidden_dim=1024),
+    "t5_base": dict(embed_dim=768, num_heads=12, num_encoder_layers=12, num_decoder_layers=12, head_dim=64,
+                    hidden_dim=2048),
+    "t5_large": dict(embed_dim=1024, num_heads=16, num_encoder_layers=24, num_decoder_layers=24, head_dim=64,
+                     hidden_dim=2816),
+    "t5_xl": dict(embed_dim=2048, num_heads=32, num_encoder_layers=24, num_decoder_layers=24, head_dim=64,
+                  hidden_dim=5120),
 }
+
+# Partitioning (`models.partitioning`): a regular expression on the "/"-joined parameter path (T5X's names), the
+# logical axes of its dimensions.
+LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"^token_embedder/embedding$", ("vocab", "embed")),
+    (r"^(en|de)coder/layers_\d+/(attention|self_attention|encoder_decoder_attention)/(query|key|value)/kernel$",
+     ("embed", "joined_kv")),
+    (r"^(en|de)coder/layers_\d+/(attention|self_attention|encoder_decoder_attention)/out/kernel$",
+     ("joined_kv", "embed")),
+    (r"^(en|de)coder/layers_\d+/mlp/wi(_\d)?/kernel$", ("embed", "mlp")),
+    (r"^(en|de)coder/layers_\d+/mlp/wo/kernel$", ("mlp", "embed")),
+    (r"^(en|de)coder/relpos_bias/rel_embedding$", ("heads", "relpos_buckets")),
+    (r"^decoder/logits_dense/kernel$", ("embed", "vocab")),
+    (r"^(en|de)coder/.*/scale$", ("embed",)),
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,7 +184,7 @@ class Attention(nn.Module):
     self.query = dense(joined, kernel_init=lambda *a: _ATTENTION_INIT(*a) / np.sqrt(cfg.head_dim))
     self.key = dense(joined, kernel_init=_ATTENTION_INIT)
     self.value = dense(joined, kernel_init=_ATTENTION_INIT)
-    self.out = dense(cfg.emb_dim, kernel_init=_ATTENTION_INIT)
+    self.out = dense(cfg.embed_dim, kernel_init=_ATTENTION_INIT)
 
   def _heads(self, x: Array) -> Array:
     return x.reshape(*x.shape[:-1], self.config.num_heads, self.config.head_dim)
@@ -188,8 +208,8 @@ class GatedMlp(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     dense = functools.partial(nn.Dense, use_bias=False, dtype=cfg.dtype, kernel_init=_DENSE_INIT)
-    hidden = nn.gelu(dense(cfg.mlp_dim, name="wi_0")(x), approximate=True) * dense(cfg.mlp_dim, name="wi_1")(x)
-    return dense(cfg.emb_dim, name="wo")(hidden)
+    hidden = nn.gelu(dense(cfg.hidden_dim, name="wi_0")(x), approximate=True) * dense(cfg.hidden_dim, name="wi_1")(x)
+    return dense(cfg.embed_dim, name="wo")(hidden)
 
 
 class EncoderLayer(nn.Module):
@@ -302,7 +322,7 @@ class T5Network(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=nn.initializers.normal(stddev=1.0))
+    self.token_embedder = nn.Embed(cfg.vocab_size, cfg.embed_dim, embedding_init=nn.initializers.normal(stddev=1.0))
     self.encoder = Encoder(cfg)
     self.decoder = Decoder(cfg)
 
@@ -408,7 +428,7 @@ class T5(base.Configured):
   # with the encoder) and its untied output layer, shared with the drafter, never copied.
   @property
   def hidden_size(self) -> int:
-    return self.config.emb_dim
+    return self.config.embed_dim
 
   def output_table(self) -> Array:
     """The output layer's [V, E] table (`decoder/logits_dense/kernel` [E, V], transposed)."""
@@ -446,13 +466,9 @@ def init(config: T5Config, key: Array) -> T5:
   return T5(params=variables["params"], config=config)
 
 
-def config_for(preset: str, *, vocab_size: int = VOCAB_SIZE, max_length: int = 512) -> T5Config:
-  """The `T5Config` of a preset (`PRESETS`)."""
-  if preset not in PRESETS:
-    raise ValueError(f"unknown T5 preset {preset!r}; known presets: {', '.join(PRESETS)}")
-  return T5Config(vocab_size=vocab_size, max_len=max_length, **PRESETS[preset])
+def config(vocab_size: int = VOCAB_SIZE, **fields: Any) -> T5Config:
+  """A `T5Config` (the family's constructor: `models.families`)."""
+  return T5Config(vocab_size=vocab_size, **fields)
 
 
-def build(preset: str, *, vocab_size: int = VOCAB_SIZE, seed: int = 0, max_length: int = 512) -> T5:
-  """A randomly initialised T5 of a preset; load trained weights with `specdec.training.convert`."""
-  return init(config_for(preset, vocab_size=vocab_size, max_length=max_length), jax.random.PRNGKey(seed))
+MODEL = T5

@@ -2,7 +2,7 @@
 
 One network serves teacher-forced scoring (`TransformerLM.logits`: training, evaluation) and cached
 decoding (`TransformerLM.score`). The architecture is lm1b's: a shared input/output embedding
-(logits = embedding.attend(y) / √emb_dim), sinusoidal position embeddings of explicit position ids,
+(logits = embedding.attend(y) / √embed_dim), sinusoidal position embeddings of explicit position ids,
 pre-LayerNorm blocks (LN → causal self-attention → residual; LN → MLP → residual), a final LN; no dropout.
 
 Unlike lm1b, the cache is not flax's mutable 'cache' collection with one index shared by the batch: it is
@@ -40,11 +40,11 @@ _BIAS_INIT = nn.initializers.normal(stddev=1e-6)
 class TransformerConfig:
   """Hyperparameters. Frozen (hashable): the config is static under jit."""
   vocab_size: int
-  emb_dim: int = 512
+  embed_dim: int = 512
   num_heads: int = 8
   num_layers: int = 6
   qkv_dim: int = 512
-  mlp_dim: int = 2048
+  hidden_dim: int = 2048
   max_len: int = 512          # the largest cache length (positions) a model accepts
   activation: str = "relu"    # lm1b's; or "gelu"
   dtype: Any = jnp.float32    # weights (`models.with_dtype`), activations, cache; norms, softmax, logits: float32
@@ -52,8 +52,8 @@ class TransformerConfig:
   def __post_init__(self):
     if self.qkv_dim % self.num_heads:
       raise ValueError(f"qkv_dim ({self.qkv_dim}) must be a multiple of num_heads ({self.num_heads})")
-    if self.emb_dim % 2:
-      raise ValueError(f"emb_dim must be even (half sines, half cosines); got {self.emb_dim}")
+    if self.embed_dim % 2:
+      raise ValueError(f"embed_dim must be even (half sines, half cosines); got {self.embed_dim}")
     if self.activation not in _ACTIVATIONS:
       raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}; got {self.activation!r}")
 
@@ -64,6 +64,30 @@ class TransformerConfig:
   @property
   def cache_heads(self) -> int:
     return self.num_heads
+
+
+# flax lm1b-style presets (SpecTr's LM1B models: `models` module docstring).
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(embed_dim=32, num_layers=2, num_heads=2, qkv_dim=32, hidden_dim=64),
+    "2m": dict(embed_dim=64, num_layers=2, num_heads=2, qkv_dim=64, hidden_dim=512),
+    "6m": dict(embed_dim=128, num_layers=4, num_heads=4, qkv_dim=128, hidden_dim=1024),
+    "15m": dict(embed_dim=256, num_layers=8, num_heads=8, qkv_dim=256, hidden_dim=1024),
+    "20m": dict(embed_dim=256, num_layers=8, num_heads=8, qkv_dim=256, hidden_dim=2048),
+    "97m": dict(embed_dim=768, num_layers=10, num_heads=12, qkv_dim=768, hidden_dim=3072),
+}
+
+# Partitioning (`models.partitioning`): a regular expression on the "/"-joined parameter path, the logical axes of
+# its dimensions ([E, H, D] projections, LayerNorm scale and bias). "block" without a number: a feature drafter's
+# one-layer head (models/feature_head.py), made of this module's block.
+LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"^embed/embedding$", ("vocab", "embed")),
+    (r"^block(_\d+)?/attention/(query|key|value)/kernel$", ("embed", "heads", "kv")),
+    (r"^block(_\d+)?/attention/out/kernel$", ("heads", "kv", "embed")),
+    (r"^block(_\d+)?/mlp/dense_in/kernel$", ("embed", "mlp")),
+    (r"^block(_\d+)?/mlp/dense_in/bias$", ("mlp",)),
+    (r"^block(_\d+)?/mlp/dense_out/kernel$", ("mlp", "embed")),
+    (r"^(block(_\d+)?/)?(ln_attention|ln_mlp|final_norm|mlp/dense_out)/(scale|bias)$", ("embed",)),
+)
 
 
 def sinusoidal_embedding(positions: Array, features: int) -> Array:
@@ -100,7 +124,7 @@ class SelfAttention(nn.Module):
       keys, values, slots = cached
       keys, values = base.write_slots(keys, key, slots), base.write_slots(values, value, slots)
     out = base.attend(query, keys, values, mask)
-    out = nn.DenseGeneral(features=cfg.emb_dim, axis=(-2, -1), use_bias=False, kernel_init=_KERNEL_INIT,
+    out = nn.DenseGeneral(features=cfg.embed_dim, axis=(-2, -1), use_bias=False, kernel_init=_KERNEL_INIT,
                           dtype=cfg.dtype, name="out")(out)
     return (out, None, None) if cached is None else (out, keys, values)
 
@@ -113,7 +137,7 @@ class Mlp(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     dense = functools.partial(nn.Dense, kernel_init=_KERNEL_INIT, bias_init=_BIAS_INIT, dtype=cfg.dtype)
-    return dense(cfg.emb_dim, name="dense_out")(_ACTIVATIONS[cfg.activation](dense(cfg.mlp_dim, name="dense_in")(x)))
+    return dense(cfg.embed_dim, name="dense_out")(_ACTIVATIONS[cfg.activation](dense(cfg.hidden_dim, name="dense_in")(x)))
 
 
 class DecoderBlock(nn.Module):
@@ -147,8 +171,8 @@ class Transformer(nn.Module):
     states [B, n, E] (after the final LayerNorm: what the output projection reads).
     """
     cfg = self.config
-    embed = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=nn.initializers.normal(stddev=1.0), name="embed")
-    y = (embed(tokens) + sinusoidal_embedding(positions, cfg.emb_dim)).astype(cfg.dtype)
+    embed = nn.Embed(cfg.vocab_size, cfg.embed_dim, embedding_init=nn.initializers.normal(stddev=1.0), name="embed")
+    y = (embed(tokens) + sinusoidal_embedding(positions, cfg.embed_dim)).astype(cfg.dtype)
     new_keys, new_values = [], []
     for layer in range(cfg.num_layers):
       cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2])
@@ -157,7 +181,7 @@ class Transformer(nn.Module):
       new_values.append(layer_values)
     y = nn.LayerNorm(dtype=cfg.dtype, name="final_norm")(y)
     # lm1b's normalisation of logits through the shared embedding.
-    logits = embed.attend(y.astype(jnp.float32)) / np.sqrt(cfg.emb_dim)
+    logits = embed.attend(y.astype(jnp.float32)) / np.sqrt(cfg.embed_dim)
     return logits, None if cache is None else (new_keys, new_values), y
 
 
@@ -202,7 +226,7 @@ class TransformerLM(base.DecoderOnly):
   # output layer (lm1b's tied embedding), shared with the drafter, never copied.
   @property
   def hidden_size(self) -> int:
-    return self.config.emb_dim
+    return self.config.embed_dim
 
   def output_table(self) -> Array:
     """The output layer's [V, E] table (the tied embedding)."""
@@ -216,7 +240,7 @@ class TransformerLM(base.DecoderOnly):
     """Next-token logits [B, n, V] of last hidden states [B, n, E], as `score` computes them from its own."""
     table = self.output_table()
     return partitioning.gather_vocab(hidden.astype(jnp.float32) @ table.astype(jnp.float32).T
-                                     / np.sqrt(self.config.emb_dim))
+                                     / np.sqrt(self.config.embed_dim))
 
 
 def init(config: TransformerConfig, key: Array) -> TransformerLM:
@@ -224,3 +248,11 @@ def init(config: TransformerConfig, key: Array) -> TransformerLM:
   one = jnp.zeros((1, 1), jnp.int32)
   variables = Transformer(config).init(key, one, one, jnp.ones((1, 1, 1), bool))
   return TransformerLM(params=variables["params"], config=config)
+
+
+def config(vocab_size: int, **fields: Any) -> TransformerConfig:
+  """A `TransformerConfig` (the family's constructor: `models.families`)."""
+  return TransformerConfig(vocab_size=vocab_size, **fields)
+
+
+MODEL = TransformerLM

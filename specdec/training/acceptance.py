@@ -31,6 +31,7 @@ from scipy.special import xlogy
 
 from specdec import sampling as sampling_lib
 from specdec.data import tasks
+from specdec.models import base
 from specdec.models.acceptance_head import AcceptanceHead, HeadConfig, init_head
 from specdec.training.train import TrainState, apply_gradients
 
@@ -171,8 +172,8 @@ def train_head(drafter: Any, train_rows: LabelledRows, validation_rows: Labelled
                ) -> tuple[AcceptanceHead, dict[str, float]]:
   """Adam with a cosine schedule (SpecDec++ App. B) on batches of rows drawn in a seeded random order;
   evaluates on `validation_rows` at the end. Returns the head and the validation metrics."""
-  if config.emb_dim != drafter.config.emb_dim:
-    raise ValueError(f"head emb_dim {config.emb_dim} != the drafter's hidden size {drafter.config.emb_dim}")
+  if config.embed_dim != drafter.config.embed_dim:
+    raise ValueError(f"head embed_dim {config.embed_dim} != the drafter's hidden size {drafter.config.embed_dim}")
   key = jax.random.PRNGKey(seed)
   head = init_head(config, key)
   state = TrainState.create(head.params, optax.adam(optax.cosine_decay_schedule(learning_rate, steps)))
@@ -220,7 +221,7 @@ def load_head(drafter_directory: str) -> AcceptanceHead:
     raise FileNotFoundError(f"no acceptance head in {drafter_directory} (expected {path}/{_HEAD_JSON}; "
                             "train one with scripts/train_acceptance_head.py)")
   with open(os.path.join(path, _HEAD_JSON)) as f:
-    config = HeadConfig(**json.load(f)["config"])
+    config = HeadConfig(**base.current_fields(json.load(f)["config"]))
   abstract = jax.eval_shape(lambda key: init_head(config, key), jax.random.PRNGKey(0))
   with ocp.StandardCheckpointer() as checkpointer:
     params = checkpointer.restore(os.path.join(path, "params"), abstract.params)

@@ -28,14 +28,9 @@ from safetensors import safe_open
 from etils import epath
 
 from specdec import models
-from specdec.models import decoder, gemma2, t5, transformer
+from specdec.models import base, decoder, families, t5, transformer
 
 _MODEL_JSON = "model.json"
-# architecture name -> (model class, config class, init(config, key) -> model)
-_ARCHITECTURES = {"transformer": (transformer.TransformerLM, transformer.TransformerConfig, transformer.init),
-                  "t5": (t5.T5, t5.T5Config, t5.init), "decoder": (decoder.Decoder, decoder.DecoderConfig, decoder.init)}
-# Exports of Gemma 2 made before the shared decoder: their fields without the switches.
-_LEGACY = {"gemma2": ("decoder", gemma2.SWITCHES)}
 Model = transformer.TransformerLM | t5.T5 | decoder.Decoder
 
 
@@ -44,22 +39,24 @@ class CheckpointError(Exception):
 
 
 def model_spec(model: Model, preset: str | None = None) -> dict[str, Any]:
-  """A model's architecture as JSON: its name ('transformer' or 't5'), the preset it was built from and its
-  config's fields."""
-  architecture = next((name for name, (cls, _, _) in _ARCHITECTURES.items() if isinstance(model, cls)), None)
-  if architecture is None:
-    raise TypeError(f"no exportable architecture for {type(model).__name__}; known: {', '.join(_ARCHITECTURES)}")
+  """A model's architecture as JSON: its family's name (`models.families`: 'transformer', 't5', 'gemma2',
+  'llama'), the preset it was built from and its config's fields."""
+  try:
+    family = families.for_model(model)
+  except TypeError as e:
+    raise TypeError(f"no exportable architecture: {e}") from None
   config = dataclasses.asdict(model.config)
   config["dtype"] = jnp.dtype(config["dtype"]).name
-  return {"architecture": architecture, "preset": preset, **config}
+  return {"architecture": family.name, "preset": preset, **config}
 
 
 def _init_from_spec(spec: dict[str, Any]) -> Callable[[jax.Array], Model]:
-  """init(key) of a spec's architecture and config; specs from before T5 name no architecture."""
-  architecture, defaults = _LEGACY.get(spec.get("architecture"), (spec.get("architecture", "transformer"), {}))
-  _, config_class, init = _ARCHITECTURES[architecture]
-  fields = {**defaults, **{k: v for k, v in spec.items() if k not in ("architecture", "preset")}}
-  return functools.partial(init, config_class(**{**fields, "dtype": getattr(jnp, fields["dtype"])}))
+  """init(key) of a spec's family and config (its config's constructor fills what an older export's fields lack:
+  Gemma 2's exported before the shared decoder); specs from before T5 name no architecture."""
+  family = families.get(spec.get("architecture", "transformer"))
+  fields = base.current_fields({k: v for k, v in spec.items() if k not in ("architecture", "preset")})
+  config = family.config(**{**fields, "dtype": getattr(jnp, fields["dtype"])})
+  return functools.partial(family.architecture.init, config)
 
 
 def _manifest(tree: Any, *, dtypes: bool = True) -> dict[str, list]:

@@ -45,7 +45,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from specdec import models
-from specdec.models import decoder, t5
+from specdec.models import decoder, families, t5
 from specdec.training.checkpoint import CheckpointError, safetensors_files
 from specdec.training.decoder_checkpoints import load_hf_decoder
 
@@ -79,10 +79,10 @@ def config_from_hf(hf: dict[str, Any], *, max_length: int = 512) -> t5.T5Config:
   if hf.get("decoder_start_token_id", t5.DECODER_START_TOKEN) != t5.DECODER_START_TOKEN:
     raise CheckpointError(f"decoder_start_token_id must be {t5.DECODER_START_TOKEN} (T5's pad id); "
                           f"got {hf['decoder_start_token_id']}")
-  return t5.T5Config(vocab_size=hf["vocab_size"], emb_dim=hf["d_model"], num_heads=hf["num_heads"],
+  return t5.T5Config(vocab_size=hf["vocab_size"], embed_dim=hf["d_model"], num_heads=hf["num_heads"],
                      num_encoder_layers=hf["num_layers"],
                      num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"], head_dim=hf["d_kv"],
-                     mlp_dim=hf["d_ff"], num_buckets=hf.get("relative_attention_num_buckets", 32),
+                     hidden_dim=hf["d_ff"], num_buckets=hf.get("relative_attention_num_buckets", 32),
                      max_distance=hf.get("relative_attention_max_distance", 128), max_len=max_length)
 
 
@@ -95,7 +95,7 @@ def config_to_hf(config: t5.T5Config) -> dict[str, Any]:
   derives from the former unless given); both keys are written so either version computes our logits.
   """
   return {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": config.vocab_size,
-          "d_model": config.emb_dim, "d_kv": config.head_dim, "d_ff": config.mlp_dim, "num_heads": config.num_heads,
+          "d_model": config.embed_dim, "d_kv": config.head_dim, "d_ff": config.hidden_dim, "num_heads": config.num_heads,
           "num_layers": config.num_encoder_layers, "num_decoder_layers": config.num_decoder_layers,
           "relative_attention_num_buckets": config.num_buckets,
           "relative_attention_max_distance": config.max_distance, "feed_forward_proj": "gated-gelu",
@@ -165,8 +165,8 @@ def load_hf_t5(directory: str, *, max_length: int = 512, host: bool = False) -> 
     names["decoder/logits_dense/kernel"] = (embedding, True)
   expected = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
               for path, leaf in jax.tree_util.tree_flatten_with_path(_abstract(config).params)[0]}
-  sizes = (f"vocab_size={config.vocab_size}, d_model={config.emb_dim}, num_heads={config.num_heads}, "
-           f"d_kv={config.head_dim}, d_ff={config.mlp_dim}")
+  sizes = (f"vocab_size={config.vocab_size}, d_model={config.embed_dim}, num_heads={config.num_heads}, "
+           f"d_kv={config.head_dim}, d_ff={config.hidden_dim}")
   flat = {}
   for path, (name, transpose) in names.items():
     if name not in files:
@@ -184,7 +184,7 @@ def load_hf_t5(directory: str, *, max_length: int = 512, host: bool = False) -> 
                           f"{', '.join(unexpected[:5])}{' …' if len(unexpected) > 5 else ''}")
   # Original T5 rescales the decoder output before its (tied) head; fold the factor into the kernel.
   if hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True) is not False):
-    flat[("decoder", "logits_dense", "kernel")] = flat[("decoder", "logits_dense", "kernel")] * config.emb_dim ** -0.5
+    flat[("decoder", "logits_dense", "kernel")] = flat[("decoder", "logits_dense", "kernel")] * config.embed_dim ** -0.5
   return _checked(where, config, traverse_util.unflatten_dict(flat), host=host)
 
 
@@ -224,14 +224,16 @@ def _hf_config(directory: str) -> dict[str, Any]:
 
 
 def load_hf(directory: str, **kwargs: Any) -> t5.T5 | decoder.Decoder:
-  """The model `save_pretrained` wrote to `directory`, by its config's model_type: 't5' (`load_hf_t5`), 'gemma2'
-  or 'llama' (`decoder_checkpoints.load_hf_decoder`); `kwargs` (max_length, host) go to that loader."""
+  """The model `save_pretrained` wrote to `directory`, by its config's model_type: the family that reads it
+  (`families.for_hf_model_type`: t5, gemma2, llama) and its architecture's loader (`load_hf_t5`,
+  `decoder_checkpoints.load_hf_decoder`); `kwargs` (max_length, host) go to that loader."""
   model_type = _hf_config(os.path.abspath(directory)).get("model_type")
-  loaders = {"t5": load_hf_t5, "gemma2": load_hf_decoder, "llama": load_hf_decoder}
-  if model_type not in loaders:
-    raise CheckpointError(f"{directory}: config.json's model_type is {model_type!r}; load_hf reads "
-                          f"{', '.join(loaders)}")
-  return loaders[model_type](directory, **kwargs)
+  try:
+    family = families.for_hf_model_type(model_type)
+  except ValueError as e:
+    raise CheckpointError(f"{directory}: config.json's {e}") from None
+  loaders = {t5: load_hf_t5, decoder: load_hf_decoder}   # by architecture
+  return loaders[family.architecture](directory, **kwargs)
 
 
 # --- T5X ----------------------------------------------------------------------------------------------

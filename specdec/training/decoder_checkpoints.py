@@ -31,7 +31,7 @@ from flax import traverse_util
 from safetensors import safe_open
 
 from specdec import models
-from specdec.models import decoder, gemma2, llama
+from specdec.models import decoder, families, gemma2
 from specdec.training.checkpoint import CheckpointError, safetensors_files
 
 # The gemma library's layouts are ours transposed: our path suffix -> the axes of its array that give ours.
@@ -40,7 +40,6 @@ GEMMA_LIBRARY_AXES: dict[str, tuple[int, ...]] = {
     "attn/kv_einsum/w": (2, 0, 1, 3),    # [2, K, E, H] -> [E, 2, K, H]
     "mlp/gating_einsum": (2, 0, 1),      # [2, F, E] -> [E, 2, F]
 }
-_FAMILIES = {"gemma2": gemma2, "llama": llama}
 
 
 def hf_tensor_names(config: decoder.DecoderConfig) -> dict[str, tuple[tuple[str, ...], Callable[..., np.ndarray]]]:
@@ -141,9 +140,9 @@ def from_hf_tensors(config: decoder.DecoderConfig, names: set[str], read: Callab
 def config_from_hf(hf: Mapping[str, Any], *, max_length: int | None = None) -> decoder.DecoderConfig:
   """Our config of a Hugging Face `Gemma2Config` or `LlamaConfig` (config.json, by its model_type); ValueError for
   what the decoder does not compute (attention or MLP biases, RoPE scaling, another activation)."""
-  model_type = hf.get("model_type")
-  if model_type not in _FAMILIES:
-    raise ValueError(f"model_type {model_type!r} is not a decoder family; one of {', '.join(_FAMILIES)}")
+  family = families.for_hf_model_type(hf.get("model_type"))
+  if family.architecture is not decoder:
+    raise ValueError(f"model_type {hf.get('model_type')!r} is not of the decoder's families")
   activation = hf.get("hidden_activation") or hf.get("hidden_act")
   activations = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "silu": "silu", None: None}
   if activation not in activations:
@@ -171,7 +170,7 @@ def config_from_hf(hf: Mapping[str, Any], *, max_length: int | None = None) -> d
   kinds = {"sliding_attention": decoder.LOCAL, "full_attention": decoder.GLOBAL}
   if hf.get("layer_types"):
     fields["layer_types"] = tuple(kinds[kind] for kind in hf["layer_types"])
-  return _FAMILIES[model_type].config(hf["vocab_size"], **fields)
+  return family.config(hf["vocab_size"], **fields)
 
 
 def load_hf_decoder(directory: str, *, max_length: int | None = None, host: bool = False) -> decoder.Decoder:

@@ -35,6 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from specdec.data import tasks
+from specdec.models import base
 from specdec.models.feature_head import FeatureHead, FeatureHeadConfig, init, init_from_config
 from specdec.training.train import TrainState, apply_gradients, make_optimizer
 
@@ -157,7 +158,7 @@ def load_head(directory: str) -> FeatureHead:
     raise FileNotFoundError(f"no feature head in {directory} (expected {path}/{HEAD_JSON}; train one with "
                             "specdec-train --gin_file=configs/train/debian_feature_head.gin)")
   with open(os.path.join(path, HEAD_JSON)) as f:
-    config = json.load(f)["config"]
+    config = base.current_fields(json.load(f)["config"])
   config = FeatureHeadConfig(**(config | {"dtype": jnp.dtype(config["dtype"])}))
   abstract = jax.eval_shape(lambda key: init_from_config(config, key), jax.random.PRNGKey(0))
   with ocp.StandardCheckpointer() as checkpointer:

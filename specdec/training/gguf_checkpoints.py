@@ -1,7 +1,7 @@
 """GGUF checkpoints (llama.cpp's format) of the Llama family, read and written with the `gguf` package (layer 4).
 
   model = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")     # any tensor type gguf dequantizes, as float32
-  save_gguf(model, "smollm2.f16.gguf", dtype="f16", metadata_from=source)   # F32 or F16, for llama.cpp
+  save_gguf(model, "smollm2.f16.gguf", dtype="f16", metadata_from=source)   # F32, F16, BF16, Q8_0, Q4_0, Q4_1
 
 Reading: the config comes from the file's metadata (llama.block_count, embedding_length, feed_forward_length,
 attention.head_count(_kv), rope.freq_base, attention.layer_norm_rms_epsilon, context_length), tensors are
@@ -22,11 +22,10 @@ import gguf
 import numpy as np
 
 from specdec import models
-from specdec.models import decoder, llama
+from specdec.models import decoder, families
 from specdec.training.checkpoint import CheckpointError
 from specdec.training.decoder_checkpoints import from_hf_tensors, hf_tensors
 
-ARCHITECTURES = ("llama",)
 # GGUF tensor name (layer {i}) -> Hugging Face's.
 GGUF_TO_HF = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -77,9 +76,10 @@ def config_from_metadata(reader: gguf.GGUFReader, where: str, *, max_length: int
                          ) -> decoder.DecoderConfig:
   """The Llama config that a GGUF file's metadata (and its tensors' presence and shapes) describe."""
   architecture = _field(reader, "general.architecture")
-  if architecture not in ARCHITECTURES:
-    raise CheckpointError(f"{where}: architecture {architecture!r} is not supported; GGUF files of "
-                          f"{', '.join(ARCHITECTURES)} are")
+  try:
+    family = families.for_gguf_architecture(architecture)
+  except ValueError as e:
+    raise CheckpointError(f"{where}: {e}") from None
   tensors = {t.name: t for t in reader.tensors}
   if "token_embd.weight" not in tensors:
     raise CheckpointError(f"{where}: tensor token_embd.weight is missing")
@@ -94,7 +94,7 @@ def config_from_metadata(reader: gguf.GGUFReader, where: str, *, max_length: int
 
   embed_dim, heads = int(value("embedding_length")), int(value("attention.head_count"))
   vocab_size = int(tensors["token_embd.weight"].shape[1])
-  return llama.config(
+  return family.config(
       vocab_size, embed_dim=embed_dim, hidden_dim=int(value("feed_forward_length")),
       num_layers=int(value("block_count")), num_heads=heads,
       num_kv_heads=int(value("attention.head_count_kv", heads)),
@@ -160,14 +160,16 @@ def save_gguf(model: decoder.Decoder, path: str | os.PathLike, *, dtype: str = "
   config = model.config
   if dtype not in _DTYPES:
     raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
-  if (config.norm_offset, config.post_norms, config.activation, config.scale_embeddings, config.attn_logit_softcap,
-      config.final_logit_softcap, config.sliding_window) != (0.0, False, "silu", False, None, None, None):
-    raise ValueError("save_gguf writes Llama-family models; this config has another family's switches")
+  family = families.for_model(model)
+  if family.gguf_architecture is None or (config.attn_logit_softcap, config.final_logit_softcap,
+                                          config.sliding_window) != (None, None, None):
+    raise ValueError(f"save_gguf writes models of the families GGUF files hold; this is a {family.name} model"
+                     f"{' with soft caps or a sliding window' if family.gguf_architecture else ''}")
   path = os.path.abspath(os.fspath(path))
   if os.path.exists(path):
     raise FileExistsError(f"{path} exists; save_gguf writes a new file")
   tensor_type, file_type = _DTYPES[dtype]
-  writer = gguf.GGUFWriter(path, "llama")
+  writer = gguf.GGUFWriter(path, family.gguf_architecture)
   if metadata_from is not None:
     source = _reader(os.fspath(metadata_from), f"GGUF file {metadata_from}")
     for key, field in source.fields.items():

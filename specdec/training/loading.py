@@ -19,14 +19,19 @@ from specdec.training.checkpoint import CheckpointError
 
 
 def resolve(path_or_name: str | os.PathLike) -> str:
-  """The file or directory that `path_or_name` names: itself where it exists, else a pretrained checkpoint's cached
-  file (FileNotFoundError naming the command that fetches it when it is not there yet), else a shipped model."""
+  """The file or directory that `path_or_name` names: itself where it exists (or a gs://… path), else a pretrained
+  checkpoint's cached file (FileNotFoundError naming the command that fetches it when it is not there yet), else
+  a shipped model (data/models/<name>, or a path under the shipped root)."""
   given = os.fspath(path_or_name)
-  if os.path.exists(given):
+  if os.path.exists(given) or "://" in given:
     return given
   if given in pretrained.CHECKPOINTS:
     return str(pretrained.path(given))
-  return shipped.find(given, os.path.join("data", "models"))
+  for folder in (os.path.join("data", "models"), ""):   # a model's name, or its path under the shipped root
+    found = shipped.find(given, folder)
+    if os.path.exists(found):
+      return found
+  return given
 
 
 def load_model(path_or_name: str | os.PathLike, *, dtype: Any = None, max_length: int | None = None,

@@ -16,7 +16,7 @@ def pair(tmp_path_factory):
   root = tmp_path_factory.mktemp("pair")
   drafter = models.build("tiny", vocab_size=VOCAB, seed=1, max_length=256)
   save_params(str(root / "drafter"), drafter, preset="tiny")
-  acceptance.save_head(str(root / "drafter"), init_head(HeadConfig(drafter.config.emb_dim, depth=1),
+  acceptance.save_head(str(root / "drafter"), init_head(HeadConfig(drafter.config.embed_dim, depth=1),
                                                         jax.random.PRNGKey(0)))
   save_params(str(root / "verifier"), models.build("tiny", vocab_size=VOCAB, seed=2, max_length=256), preset="tiny")
   return str(root / "drafter"), str(root / "verifier")

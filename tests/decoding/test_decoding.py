@@ -149,7 +149,7 @@ def test_batch_invariance_greedy(method, rule, pair):
 def _row_case(method):
   drafter, verifier = _transformer_pair() if method == "specdec_pp" else _toy_pair()
   if method == "specdec_pp":
-    head = init_head(HeadConfig(drafter.config.emb_dim, depth=1), jax.random.PRNGKey(3))
+    head = init_head(HeadConfig(drafter.config.embed_dim, depth=1), jax.random.PRNGKey(3))
     drafter = decoding.ModelDrafter(drafter, head=head)
   kw = dict(method=method, temperature=1.0, max_new_tokens=N_NEW, eos_id=None,
             **({"rule": "opt", "alpha": 0.3} if method in ("speculative", "oracle_cascade") else {}))

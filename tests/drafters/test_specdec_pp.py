@@ -22,7 +22,7 @@ def _pair(vocab, max_length=96):
 
 
 def _head(drafter, *, seed=0, bias=None, depth=1):
-  head = init_head(HeadConfig(drafter.config.emb_dim, depth=depth), jax.random.PRNGKey(seed))
+  head = init_head(HeadConfig(drafter.config.embed_dim, depth=depth), jax.random.PRNGKey(seed))
   if bias is not None:   # a head that always predicts sigmoid(bias)
     params = jax.tree.map(jnp.zeros_like, head.params)
     params["readout"]["bias"] = jnp.full((1,), bias)
@@ -117,13 +117,13 @@ def test_a_trained_head_beats_the_constant_prediction_and_round_trips(tmp_path):
   s = sampling.Sampling(0.0)
   train = acceptance.label_rows(drafter, verifier, _split(12, 256, 1), key=jax.random.PRNGKey(1), sampling=s)
   valid = acceptance.label_rows(drafter, verifier, _split(12, 64, 2), key=jax.random.PRNGKey(2), sampling=s)
-  head, metrics = acceptance.train_head(drafter, train, valid, config=HeadConfig(drafter.config.emb_dim, depth=1),
+  head, metrics = acceptance.train_head(drafter, train, valid, config=HeadConfig(drafter.config.embed_dim, depth=1),
                                         steps=300, batch_size=32, learning_rate=3e-3, log_every=300)
   assert 0.05 < metrics["mean_label"] < 0.95
   assert metrics["binary_kl"] < 0.8 * metrics["binary_kl_constant"], metrics
   acceptance.save_head(str(tmp_path), head, metadata={"validation": metrics})
   loaded = acceptance.load_head(str(tmp_path))
-  hidden = jax.random.normal(jax.random.PRNGKey(0), (5, drafter.config.emb_dim))
+  hidden = jax.random.normal(jax.random.PRNGKey(0), (5, drafter.config.embed_dim))
   np.testing.assert_array_equal(np.asarray(loaded.probability(hidden)), np.asarray(head.probability(hidden)))
   assert isinstance(loaded, AcceptanceHead) and loaded.config == head.config
   with pytest.raises(FileExistsError):

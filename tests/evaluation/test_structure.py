@@ -113,3 +113,51 @@ def test_no_target_rule_name_is_compared_outside_core():
         found = [s for arg in node.args for s in literals(arg) if any(name.startswith(s) for name in names)]
       problems += [f"{path.relative_to(REPO_ROOT)}:{node.lineno} compares {s!r}" for s in found]
   assert not problems, "\n".join(problems)
+
+
+def _registered_families() -> dict[str, str]:
+  """{family name: its module's name} of the `ModelFamily(...)` records in specdec/models/families.py."""
+  tree = ast.parse((PACKAGE / "models" / "families.py").read_text())
+  found = {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ModelFamily":
+      module = next(k.value.id for k in node.keywords if k.arg == "module")
+      found[node.args[0].value] = module
+  return found
+
+
+def test_model_families_are_listed_in_their_registry_only():
+  """Model families are records (`models.families`): no other module lists two families, by name (a literal
+  collection or comparison naming two) or by their modules (reading two families' PRESETS, config or SWITCHES),
+  so adding a family is its record, its module and its tests."""
+  registered = _registered_families()
+  assert {"transformer", "t5", "gemma2", "llama"} <= set(registered), registered
+  modules = set(registered.values())
+
+  def names(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in registered:
+      return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+      return {name for element in node.elts for name in names(element)}
+    return set()
+
+  problems = []
+  for path in sorted([*PACKAGE.rglob("*.py"), *(REPO_ROOT / "scripts").rglob("*.py")]):
+    if path == PACKAGE / "models" / "families.py":
+      continue
+    tree = ast.parse(path.read_text(), str(path))
+    members = {(node.value.id, node.attr) for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+               and isinstance(node.value, ast.Name) and node.value.id in modules
+               and node.attr in ("PRESETS", "config", "SWITCHES", "DEFAULTS")}
+    if len({module for module, _ in members}) > 1:
+      problems.append(f"{path.relative_to(REPO_ROOT)} reads {sorted(members)}")
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Dict):
+        listed = {name for key in node.keys if key is not None for name in names(key)}
+      elif isinstance(node, ast.Compare):
+        listed = {name for operand in [node.left, *node.comparators] for name in names(operand)}
+      else:
+        listed = names(node)
+      if len(listed) > 1:
+        problems.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} lists families {sorted(listed)}")
+  assert not problems, "\n".join(problems)

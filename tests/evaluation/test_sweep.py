@@ -383,3 +383,16 @@ def test_a_grid_with_a_top_p_below_one_keeps_the_search_in_every_points_program(
   them; a grid at top-P = 1 alone compiles none."""
   assert sweep.load_workload(smoke(tmp_path / "one.jsonl")).truncation is None
   assert sweep.load_workload(smoke(tmp_path / "two.jsonl", "Experiment.top_ps = [1.0, 0.9]")).truncation is True
+
+
+def test_a_single_file_checkpoint_is_identified_by_its_content(tmp_path):
+  """A GGUF file given as `ModelSource(path=…)`: its identity is its bytes (a directory's walk finds no file in
+  it, which gave every single-file checkpoint one identity)."""
+  from specdec.evaluation import results
+  (tmp_path / "one").mkdir()
+  (tmp_path / "two").mkdir()
+  (tmp_path / "one" / "model.gguf").write_bytes(b"GGUF" + bytes(range(100)))
+  (tmp_path / "two" / "model.gguf").write_bytes(b"GGUF" + bytes(range(1, 101)))
+  (tmp_path / "renamed.gguf").write_bytes(b"GGUF" + bytes(range(100)))
+  digests = [results.files_digest(tmp_path / name) for name in ("one/model.gguf", "two/model.gguf", "renamed.gguf")]
+  assert digests[0] != digests[1] and digests[0] == digests[2]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec import decoding, models
-from specdec.models import llama
+from specdec.models import llama, partitioning
 from specdec.training import CheckpointError, gguf_checkpoints, load_model, save_gguf
 
 # Rows of 256 values: the K-quants' blocks.
@@ -154,7 +154,7 @@ def test_bad_files_are_refused_naming_file_and_tensor(tmp_path):
   writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
   writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
   writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
-  with pytest.raises(CheckpointError, match="gpt2.gguf: architecture 'gpt2' is not supported"):
+  with pytest.raises(CheckpointError, match="gpt2.gguf: architecture 'gpt2' is of no registered model family; known: llama"):
     load_model(str(tmp_path / "gpt2.gguf"))
   # Missing a tensor: the first layer's up projection.
   reader = gguf.GGUFReader(good)
@@ -194,3 +194,11 @@ def test_greedy_decoding_with_a_llama_pair_is_the_verifiers_greedy(method, param
   got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method=method, **params, **kw)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert int(np.sum(got.stats.accepted)) > 0
+
+
+def test_every_llama_parameter_has_logical_axes():
+  config = llama.config(64, **{**llama.PRESETS["llama_tiny"], "tie_embeddings": False})
+  axes = partitioning.logical_axes(models.decoder.init(config, jax.random.PRNGKey(0)).params)
+  assert axes["embedder"]["output_embedding"] == ("vocab", "embed")
+  assert axes["layer_1"]["mlp"]["gating_einsum"] == ("embed", "stack", "mlp")
+  assert models.families.for_preset("smollm2_135m").name == "llama"

@@ -15,7 +15,7 @@ from specdec.data import load_vocabulary, pretrained
 from specdec.decoding.drafters import MaxGram
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.models import feature_head
-from specdec.training import load_model
+from specdec.training import load_model, save_gguf
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 STORY = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
@@ -129,3 +129,20 @@ def test_greedy_speculative_decoding_over_smollm2_is_its_greedy_decoding(ours, v
                           method="speculative", gamma=3, **kw)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert "Paris" in vocab.decode(np.asarray(want.tokens[0]))
+
+
+def test_an_f16_export_with_the_files_tokenizer_is_read_back(ours, vocab, path, tmp_path):
+  """`save_gguf` at F16 with the tokenizer and chat template copied from the source file: our loader and
+  tokenizer read it back (the weights within F16's rounding), as llama.cpp would be given it."""
+  exported = save_gguf(ours, tmp_path / "smollm2.f16.gguf", dtype="f16", metadata_from=path)
+  again = load_vocabulary(exported)
+  assert again.encode(TEXTS["code"]) == vocab.encode(TEXTS["code"]) and again.chat_template == vocab.chat_template
+  back = load_model(exported)
+  ids = jnp.asarray([_chat_ids(vocab, CHAT)])
+  assert np.abs(np.asarray(back.logits(ids)) - np.asarray(ours.logits(ids))).max() < 0.05
+
+
+def test_bfloat16_weights_give_the_same_answer(ours, vocab):
+  ids = jnp.asarray([vocab.encode("The capital of Spain is")])
+  logits = models.with_dtype(ours, jnp.bfloat16).logits(ids)
+  assert logits.dtype == jnp.float32 and vocab.decode([int(np.argmax(logits[0, -1]))]) == " Madrid"

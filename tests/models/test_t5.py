@@ -42,13 +42,13 @@ ROWS = np.arange(3)[:, None]
 
 @pytest.fixture(scope="module")
 def model():
-  return t5.build("t5_tiny", vocab_size=V, seed=0, max_length=32)
+  return models.build("t5_tiny", vocab_size=V, seed=0, max_length=32)
 
 
 # --- the network ---------------------------------------------------------------------------------------
 
 def test_parameter_tree_is_t5x_v1_1():
-  config = t5.config_for("t5_tiny", vocab_size=V)
+  config = t5.config(V, **t5.PRESETS["t5_tiny"])
   abstract = jax.eval_shape(lambda: t5.init(config, jax.random.PRNGKey(0)))
   shapes = {jax.tree_util.keystr(p, simple=True, separator="/"): leaf.shape
             for p, leaf in jax.tree_util.tree_flatten_with_path(abstract.params)[0]}
@@ -75,8 +75,8 @@ def test_presets_have_the_t5_v1_1_sizes():
   hf = {"t5_small": (512, 6, 8, 64, 1024), "t5_base": (768, 12, 12, 64, 2048),
         "t5_large": (1024, 16, 24, 64, 2816), "t5_xl": (2048, 32, 24, 64, 5120)}
   for preset, (d_model, heads, layers, d_kv, d_ff) in hf.items():
-    assert t5.PRESETS[preset] == dict(emb_dim=d_model, num_heads=heads, num_encoder_layers=layers,
-                                      num_decoder_layers=layers, head_dim=d_kv, mlp_dim=d_ff)
+    assert t5.PRESETS[preset] == dict(embed_dim=d_model, num_heads=heads, num_encoder_layers=layers,
+                                      num_decoder_layers=layers, head_dim=d_kv, hidden_dim=d_ff)
   for preset, count in {"t5_small": 76_961_152, "t5_base": 247_577_856}.items():
     assert models.count_params(jax.eval_shape(lambda p=preset: models.build(p, vocab_size=32128))) == count
   assert isinstance(models.build("t5_tiny", vocab_size=V), t5.T5)
@@ -104,7 +104,7 @@ def test_score_returns_the_decoder_hidden_states_the_logits_are_read_from(model)
   _, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
   scored = model.score(cache, decoder[:, :4])
   logits, hidden = scored.logits, scored.hidden
-  assert hidden.shape == (3, 4, model.config.emb_dim)
+  assert hidden.shape == (3, 4, model.config.embed_dim)
   kernel = np.asarray(model.params["decoder"]["logits_dense"]["kernel"])
   np.testing.assert_allclose(logits, np.asarray(hidden, np.float32) @ kernel, rtol=0, atol=tolerance(1e-5))
 
@@ -169,8 +169,8 @@ def test_relative_position_buckets_match_hugging_face():
 def test_hf_import_gives_pytorch_logits_with_padded_encoder_inputs(hf_model):
   hf, directory = hf_model
   ours = convert.load_hf_t5(directory)
-  assert ours.config == t5.T5Config(vocab_size=64, emb_dim=32, num_heads=4, num_encoder_layers=2,
-                                    num_decoder_layers=3, head_dim=8, mlp_dim=48)
+  assert ours.config == t5.T5Config(vocab_size=64, embed_dim=32, num_heads=4, num_encoder_layers=2,
+                                    num_decoder_layers=3, head_dim=8, hidden_dim=48)
   assert_hf_logits_equal(hf, ours, vocab=64)
 
 
@@ -206,8 +206,8 @@ def _write_hf(directory, model, *, drop=None, reshape=None):
   os.makedirs(directory)
   save_file(tensors, os.path.join(directory, "model.safetensors"))
   with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(dict(vocab_size=cfg.vocab_size, d_model=cfg.emb_dim, d_kv=cfg.head_dim, num_heads=cfg.num_heads,
-                   d_ff=cfg.mlp_dim, num_layers=cfg.num_encoder_layers, num_decoder_layers=cfg.num_decoder_layers,
+    json.dump(dict(vocab_size=cfg.vocab_size, d_model=cfg.embed_dim, d_kv=cfg.head_dim, num_heads=cfg.num_heads,
+                   d_ff=cfg.hidden_dim, num_layers=cfg.num_encoder_layers, num_decoder_layers=cfg.num_decoder_layers,
                    feed_forward_proj="gated-gelu", tie_word_embeddings=False), f)
 
 
@@ -279,7 +279,7 @@ def _pair(vocab, max_length=32, logit_scale=1.0):
     params = jax.tree.map(lambda x: x, m.params)
     params["decoder"]["logits_dense"]["kernel"] = logit_scale * params["decoder"]["logits_dense"]["kernel"]
     return m.replace(params=params)
-  return tuple(scaled(t5.build("t5_tiny", vocab_size=vocab, seed=s, max_length=max_length)) for s in (1, 2))
+  return tuple(scaled(models.build("t5_tiny", vocab_size=vocab, seed=s, max_length=max_length)) for s in (1, 2))
 
 
 def _assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=tolerance(1e-4)):
@@ -339,7 +339,7 @@ def test_greedy_multi_draft_equals_verifier_greedy(method):
 
 def test_mixed_encoder_decoder_and_decoder_only_pair_raises():
   # shapes only: the check comes before any computation
-  drafter = jax.eval_shape(lambda: t5.build("t5_tiny", vocab_size=V, max_length=32))
+  drafter = jax.eval_shape(lambda: models.build("t5_tiny", vocab_size=V, max_length=32))
   verifier = jax.eval_shape(lambda: models.build("tiny", vocab_size=V, max_length=32))
   prompts, lengths = np.ones((1, 3), np.int32), np.array([3], np.int32)
   with pytest.raises(ValueError, match="decoder-only or both encoder-decoder"):

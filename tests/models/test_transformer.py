@@ -171,10 +171,10 @@ def test_score_returns_the_hidden_states_the_logits_are_read_from(model):
   tokens = seqs[ROWS, np.asarray(cache.lengths)[:, None] + np.arange(3)]
   scored = model.score(cache, tokens)
   logits, hidden = scored.logits, scored.hidden
-  assert hidden.shape == tokens.shape + (model.config.emb_dim,)
+  assert hidden.shape == tokens.shape + (model.config.embed_dim,)
   # lm1b's output layer: logits = hidden · embeddingᵀ / √E.
   embedding = np.asarray(model.params["embed"]["embedding"])
-  np.testing.assert_allclose(logits, np.asarray(hidden) @ embedding.T / np.sqrt(model.config.emb_dim), atol=ATOL)
+  np.testing.assert_allclose(logits, np.asarray(hidden) @ embedding.T / np.sqrt(model.config.embed_dim), atol=ATOL)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "t5_tiny"])

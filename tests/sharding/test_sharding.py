@@ -22,7 +22,7 @@ from specdec.models import decoder, gemma2, partitioning, t5  # noqa: E402
 from specdec.training import train  # noqa: E402
 
 V = 64
-VERIFIER = t5.T5Config(vocab_size=V, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48, num_encoder_layers=2,
+VERIFIER = t5.T5Config(vocab_size=V, embed_dim=32, num_heads=4, head_dim=8, hidden_dim=48, num_encoder_layers=2,
                        num_decoder_layers=2, max_len=64)
 GEMMA2 = gemma2.config(V, embed_dim=32, hidden_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                        query_pre_attn_scalar=8.0, sliding_window=4, max_len=64)

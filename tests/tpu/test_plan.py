@@ -22,7 +22,7 @@ if plan.libtpu_version() is None:
 BATCH, PROMPT, NEW, GAMMA = 16, 16, 32, 3
 # Every dimension a multiple of TPU v4's 128 lanes (head_dim 128), so the chips store the weights unpadded and
 # the Pallas kernel attends each device's head: a preset of the test's own, planned by `specdec-plan`.
-LANES = dict(emb_dim=256, num_layers=2, num_heads=2, qkv_dim=256, mlp_dim=512)
+LANES = dict(embed_dim=256, num_layers=2, num_heads=2, qkv_dim=256, hidden_dim=512)
 VOCAB = 1536   # 768 per chip: 6 × 128 lanes, a factor no other array of the loop has (`plan.analyse_loop`)
 ARGV = ["--topology", "v4-8", "--mesh", "2,2", "--drafter", "lanes", "--verifier", "lanes", "--vocab_size", str(VOCAB),
         "--gamma", str(GAMMA), "--batch_size", str(BATCH), "--prompt_width", str(PROMPT), "--max_new_tokens", str(NEW),
@@ -31,7 +31,7 @@ ARGV = ["--topology", "v4-8", "--mesh", "2,2", "--drafter", "lanes", "--verifier
 
 @pytest.fixture
 def lanes_preset(monkeypatch):
-  monkeypatch.setitem(models.PRESETS, "lanes", LANES)
+  monkeypatch.setitem(models.transformer.PRESETS, "lanes", LANES)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def planned(tmp_path_factory, v4_8):
   folder = tmp_path_factory.mktemp("plan")
   argv = ARGV + ["--cache_dir", str(folder / "cache"), "--output", str(folder / "plan.json")]
   with pytest.MonkeyPatch.context() as patch:
-    patch.setitem(models.PRESETS, "lanes", LANES)
+    patch.setitem(models.transformer.PRESETS, "lanes", LANES)
     return argv, plan_cli.main(argv), folder
 
 

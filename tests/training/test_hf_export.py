@@ -20,8 +20,8 @@ from tests.t5_data import assert_hf_logits_equal, t5_batch
 
 V = 64
 # Fewer decoder than encoder layers, as the drafters cut from a verifier: HF must size its caches by the decoder.
-CONFIG = t5.T5Config(vocab_size=V, emb_dim=32, num_heads=4, num_encoder_layers=3, num_decoder_layers=2, head_dim=8,
-                     mlp_dim=48, max_len=32)
+CONFIG = t5.T5Config(vocab_size=V, embed_dim=32, num_heads=4, num_encoder_layers=3, num_decoder_layers=2, head_dim=8,
+                     hidden_dim=48, max_len=32)
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ def _head_step_seconds(drafter, prefix: int, repeats: int) -> float:
   `prefix` cached ones, and the verifier's output layer reads its prediction."""
   head, verifier = drafter.head, drafter.verifier
   cache = head.init_cache(1, prefix + 2)
-  features = jnp.ones((1, prefix, head.config.emb_dim), jnp.float32)
+  features = jnp.ones((1, prefix, head.config.embed_dim), jnp.float32)
   _, cache = head.score(cache, features, verifier.token_embeddings(jnp.ones((1, prefix), jnp.int32)))
   step = jax.jit(lambda d, c, f, t: d.verifier.output_logits(
       d.head.score(c, f, d.verifier.token_embeddings(t))[0]))

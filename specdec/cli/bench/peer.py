@@ -53,7 +53,7 @@ from specdec.evaluation import bench
 from specdec.models import base, t5
 from specdec.training import load_hf_t5, save_hf_t5
 
-VERIFIER = t5.T5Config(vocab_size=8192, emb_dim=512, num_heads=8, head_dim=64, mlp_dim=1024, num_encoder_layers=6,
+VERIFIER = t5.T5Config(vocab_size=8192, embed_dim=512, num_heads=8, head_dim=64, hidden_dim=1024, num_encoder_layers=6,
                        num_decoder_layers=6, max_len=128)
 BATCH = 8
 MODES = ("hf_autoregressive", "specdec_autoregressive", "hf_assisted", "specdec_speculative")
@@ -305,7 +305,7 @@ def run(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], str]:
   print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
         f"load average {os.getloadavg()[0]:.2f}")
   print(f"verifier: random T5 v1.1, {VERIFIER.num_encoder_layers}+{VERIFIER.num_decoder_layers} layers, d_model "
-        f"{VERIFIER.emb_dim}, {VERIFIER.num_heads} heads x {VERIFIER.head_dim}, MLP {VERIFIER.mlp_dim}, vocab "
+        f"{VERIFIER.embed_dim}, {VERIFIER.num_heads} heads x {VERIFIER.head_dim}, MLP {VERIFIER.hidden_dim}, vocab "
         f"{VERIFIER.vocab_size} ({models.count_params(base_verifier):,} params); drafter: its first "
         f"{args.drafter_layers} decoder layer(s), the rest shared "
         f"({models.count_params(_cut(base_verifier, args.drafter_layers)):,} params)")
