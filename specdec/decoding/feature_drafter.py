@@ -14,6 +14,12 @@ new pending token, becomes the pending feature. After the prefill the same call 
 
 Every lossless rule keeps the verifier's law with it (only the verifier's acceptance test decides what is
 emitted), and it meets every target rule of `speculative` and BiLD like any other drafter.
+
+With a draft vocabulary (`FeatureHead.draft_ids`, k tokens) a draft step reads only those k rows of the verifier's
+output layer (taken once per generation, in `start`): its logits over them are placed at their ids and every
+other token gets the lowest float, so S(·) gives q with the head's softmax over the k tokens and exactly 0
+elsewhere — the q the draft is sampled from and the verifier's test reads (a token outside the draft vocabulary
+is then never drafted, only emitted by the verifier's residual or bonus draw).
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ VERIFIER_METHODS = ("token_embeddings", "output_logits", "output_table")
 
 @struct.dataclass
 class FeatureState:
-  """The head's cache [B, …] over committed positions and the pending pair's verifier feature [B, E]."""
+  """The head's cache [B, …] over committed positions, the pending pair's verifier feature [B, E] and, with a
+  draft vocabulary, the verifier's output rows of its tokens [k, E] (None: the whole output layer)."""
   cache: Cache
   feature: Array
+  table: Array | None = None
 
 
 @struct.dataclass
@@ -84,7 +92,18 @@ class FeatureDrafter(Drafter):
     batch = prompts.shape[0]
     last = prompts[jnp.arange(batch), prompt_lengths - 1].astype(jnp.int32)
     feature = jnp.zeros((batch, self.head.config.embed_dim), jnp.float32)
-    return FeatureState(cache=self.head.init_cache(batch, cache_length), feature=feature), last
+    ids = self.head.draft_ids
+    table = None if ids is None else jnp.take(self.verifier.output_table(), ids, axis=0)
+    return FeatureState(cache=self.head.init_cache(batch, cache_length), feature=feature, table=table), last
+
+  def _logits(self, predicted: Array, table: Array | None) -> Array:
+    """Next-token logits [B, V] of predicted features [B, 1, E]: through the whole output layer, or through the
+    draft vocabulary's rows with every other token at the lowest float (module docstring)."""
+    if table is None:
+      return self.verifier.output_logits(predicted)[:, 0]
+    drafted = self.verifier.output_logits(predicted, table)[:, 0]                              # [B, k]
+    lowest = jnp.full((drafted.shape[0], self.vocab_size), jnp.finfo(jnp.float32).min, jnp.float32)
+    return lowest.at[:, self.head.draft_ids].set(drafted)
 
   @property
   def keeps_copies(self) -> bool:
@@ -117,7 +136,7 @@ class FeatureDrafter(Drafter):
     cache = rollback(cache, jnp.maximum(block.lengths - 1, 0))
     index = jnp.clip(block.count - 1, 0, width - 1)
     feature = jnp.take_along_axis(block.hidden, index[:, None, None], axis=1)[:, 0].astype(jnp.float32)
-    return FeatureState(cache=cache, feature=jnp.where((block.count > 0)[:, None], feature, state.feature))
+    return state.replace(cache=cache, feature=jnp.where((block.count > 0)[:, None], feature, state.feature))
 
   def propose(self, key: Array, state: FeatureState, last: Array, *, max_drafts: int,
               sampling: sampling_lib.Sampling, keep_drafting: Callable[[Array], Array] | None = None,
@@ -133,7 +152,7 @@ class FeatureDrafter(Drafter):
     def body(step, carry):
       cache, feature, token, tokens, q, q_raw, drafting, n_drafted, log_values = carry
       predicted, cache = self.head.score(cache, feature[:, None], self.verifier.token_embeddings(token[:, None]))
-      logits = self.verifier.output_logits(predicted)[:, 0]
+      logits = self._logits(predicted, state.table)
       q_raw_j, q_j = sampling.distributions(logits)
       keep = drafting[:, None]
       q = q.at[:, step].set(jnp.where(keep, q_j, q[:, step]))

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec.models import base, decoder, families, gemma2, llama, t5, transformer
+from specdec.models import base, decoder, families, gemma2, llama, t5, transformer  # noqa: F401 (models.t5, …)
 from specdec.models.decoder import Decoder, DecoderConfig
 from specdec.models.t5 import T5, T5Config
 from specdec.models.transformer import TransformerConfig, TransformerLM

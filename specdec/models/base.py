@@ -37,7 +37,10 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 from flax import struct
+
+from specdec.models import partitioning
 
 Array = jax.Array
 
@@ -166,6 +169,21 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Ar
   return grouped.reshape(b, n, h, d)
 
 
+class RMSNorm(nn.Module):
+  """x / rms(x) · (offset + scale), in float32, returned in `dtype` (None: x's); the scale starts where the gain is 1.
+  T5's layer norm (offset 0, ε 1e-6), Llama's (offset 0) and Gemma's (offset 1: (1 + w))."""
+  eps: float = 1e-6
+  offset: float = 0.0
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.initializers.constant(1.0 - self.offset), (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (normed * (self.offset + scale)).astype(self.dtype or x.dtype)
+
+
 def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None,
                        soft_cap: float | None) -> Array:
   """`attend` over [C, B, K·D] caches: the Pallas kernel where the program is lowered for TPU and the kernel
@@ -267,10 +285,40 @@ class Configured:
 
 class DecoderOnly(Configured):
   """A decoder-only model whose cache is `empty_cache`'s (its config names num_layers, cache_heads, head_dim,
-  max_len, dtype): `init_cache` and `copy_slots` are the module's functions; it scores token trees."""
+  max_len, dtype): `init_cache` and `copy_slots` are the module's functions; it scores token trees. A subclass
+  supplies its network as `_apply(tokens [B, n], positions [B, n], visible [B, n, C], key_positions [B, C],
+  cache)` -> (logits [B, n, V] float32, (keys, values) or None, last hidden states [B, n, E]), where cache is
+  None (teacher forcing: C = n) or (keys, values, slots [B, n]) and each layer writes its new entries at the
+  slots before attending; key_positions are each key's position id (a sliding window compares them)."""
 
   encoder_decoder = False
   scores_trees = True
+
+  def logits(self, tokens: Array, *, return_hidden: bool = False) -> Array | tuple[Array, Array]:
+    """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1 (and with `return_hidden` the last
+    hidden states [B, L, E], what SpecDec++'s acceptance head and a feature drafter's training read)."""
+    b, length = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+    logits, _, hidden = self._apply(tokens, positions, causal(b, length), positions, None)
+    return (logits, hidden) if return_hidden else logits
+
+  def score(self, cache: Cache, tokens: Array, *, positions: Array | None = None,
+            tree_mask: Array | None = None) -> Scored:
+    """Scores tokens [B, n] after each row's cache: `Scored` (logits [B, n, V], the advanced cache, the last
+    hidden states [B, n, E], which SpecDec++'s acceptance head and a feature drafter read).
+
+    Token i of row b is written at slot lengths[b] + i and sees the row's slots < lengths[b] plus the new tokens
+    j with tree_mask[b, i, j] (default causal: j ≤ i; a tree mask must include i itself). positions [B, n] are
+    the position ids (default lengths[b] + i; a token tree gives siblings the same id). lengths advance by n.
+    The caller keeps lengths + n ≤ cache_length: slots beyond are dropped (no token sees them, in this call or
+    later)."""
+    n, cache_length = tokens.shape[1], cache_slots(cache.kv["keys"][0])
+    slots, positions, visible = new_entries(cache, tokens, positions, tree_mask)
+    keys_at = key_positions(cache.lengths, positions, cache_length)
+    logits, (keys, values), hidden = self._apply(tokens, positions, visible, keys_at,
+                                                 (cache.kv["keys"], cache.kv["values"], slots))
+    cache = Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
+    return Scored(logits=partitioning.gather_vocab(logits), cache=cache, hidden=hidden)
 
   def prompt_cache_positions(self, prompt_width: int) -> int:
     return prompt_width

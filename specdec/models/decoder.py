@@ -136,19 +136,6 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
   return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
 
 
-class RMSNorm(nn.Module):
-  """x / rms(x) · (offset + scale), in float32; the scale starts where the gain is 1."""
-  eps: float
-  offset: float
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.initializers.constant(1.0 - self.offset), (x.shape[-1],))
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (normed * (self.offset + scale.astype(jnp.float32))).astype(x.dtype)
-
-
 class Einsum(nn.Module):
   """A weight `w` of `shape` applied by one einsum; its input dimension has `fan_in` entries."""
   shape: tuple[int, ...]
@@ -214,8 +201,8 @@ class Block(nn.Module):
                ) -> tuple[Array, Array, Array]:
     cfg = self.config
 
-    def norm(name: str) -> RMSNorm:
-      return RMSNorm(cfg.rms_norm_eps, cfg.norm_offset, name=name)
+    def norm(name: str) -> base.RMSNorm:
+      return base.RMSNorm(cfg.rms_norm_eps, cfg.norm_offset, name=name)
 
     def post(name: str, y: Array) -> Array:
       return norm(name)(y) if cfg.post_norms else y
@@ -267,7 +254,7 @@ class DecoderNetwork(nn.Module):
       x, keys, values = Block(cfg, name=f"layer_{layer}")(x, positions, seen, cached)
       new_keys.append(keys)
       new_values.append(values)
-    x = RMSNorm(cfg.rms_norm_eps, cfg.norm_offset, name="final_norm")(x)
+    x = base.RMSNorm(cfg.rms_norm_eps, cfg.norm_offset, name="final_norm")(x)
     return output_logits(cfg, output, x), None if cache is None else (new_keys, new_values), x
 
 
@@ -303,30 +290,12 @@ class Decoder(base.DecoderOnly):
     x = jnp.take(self.params["embedder"]["input_embedding"], tokens, axis=0).astype(jnp.float32)
     return x * math.sqrt(self.config.embed_dim) if self.config.scale_embeddings else x
 
-  def output_logits(self, hidden: Array) -> Array:
+  def output_logits(self, hidden: Array, table: Array | None = None) -> Array:
     """Next-token logits [B, n, V] of last hidden states [B, n, E] (after the final norm), as `score` computes
-    them from its own."""
-    return partitioning.gather_vocab(output_logits(self.config, self.output_table(), hidden))
-
-  def logits(self, tokens: Array, *, return_hidden: bool = False) -> Array | tuple[Array, Array]:
-    """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1 (and with `return_hidden`
-    the last hidden states [B, L, E])."""
-    b, length = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-    logits, _, hidden = self._apply(tokens, positions, base.causal(b, length), positions)
-    return (logits, hidden) if return_hidden else logits
-
-  def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
-            tree_mask: Array | None = None) -> base.Scored:
-    """Scores tokens [B, n] after each row's cache: `base.Scored` (`transformer.TransformerLM.score`: slots
-    lengths[b] + i, `tree_mask` [B, n, n], position ids `positions` [B, n], default the slots)."""
-    n, cache_length = tokens.shape[1], base.cache_slots(cache.kv["keys"][0])
-    slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
-    key_positions = base.key_positions(cache.lengths, positions, cache_length)
-    logits, (keys, values), hidden = self._apply(tokens, positions, visible, key_positions,
-                                                 (cache.kv["keys"], cache.kv["values"], slots))
-    cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
-    return base.Scored(logits=partitioning.gather_vocab(logits), cache=cache, hidden=hidden)
+    them from its own; through `table` [k, E] (rows of `output_table()`: a draft vocabulary) the logits of those
+    k tokens [B, n, k]."""
+    table = self.output_table() if table is None else table
+    return partitioning.gather_vocab(output_logits(self.config, table, hidden))
 
 
 def init(config: DecoderConfig, key: Array) -> Decoder:

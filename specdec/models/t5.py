@@ -140,18 +140,6 @@ def relative_position_bucket(relative_position: Array, *, bidirectional: bool, n
   return table[jnp.clip(relative_position, -max_distance, max_distance) + max_distance]
 
 
-class LayerNorm(nn.Module):
-  """T5's layer norm: x / RMS(x) · scale, in float32; no mean subtraction, no bias."""
-  dtype: Any = jnp.float32
-  epsilon: float = 1e-6
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    x = x.astype(jnp.float32)
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
-    return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon) * scale).astype(self.dtype)
-
-
 class RelativePositionBias(nn.Module):
   """One stack's table of learned attention-logit biases per (head, bucket)."""
   config: T5Config
@@ -220,10 +208,10 @@ class EncoderLayer(nn.Module):
     """x [B, L, E]; bias [1, H, L, L]; visible [B, 1, L] (the unpadded inputs)."""
     cfg = self.config
     attention = Attention(cfg, name="attention")
-    h = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
+    h = base.RMSNorm(dtype=cfg.dtype, name="pre_attention_layer_norm")(x)
     keys, values = attention.keys_values(h)
     x = x + attention(h, _head_major(keys), _head_major(values), bias, visible)
-    return x + GatedMlp(cfg, name="mlp")(LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x))
+    return x + GatedMlp(cfg, name="mlp")(base.RMSNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(x))
 
 
 class Encoder(nn.Module):
@@ -238,7 +226,7 @@ class Encoder(nn.Module):
         (positions[None, :] - positions[:, None])[None])
     for layer in range(cfg.num_encoder_layers):
       x = EncoderLayer(cfg, name=f"layers_{layer}")(x, bias, mask[:, None, :])
-    return LayerNorm(cfg.dtype, name="encoder_norm")(x)
+    return base.RMSNorm(dtype=cfg.dtype, name="encoder_norm")(x)
 
 
 class DecoderLayer(nn.Module):
@@ -246,11 +234,11 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.pre_self_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.pre_self_attention_layer_norm = base.RMSNorm(dtype=cfg.dtype)
     self.self_attention = Attention(cfg)
-    self.pre_cross_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.pre_cross_attention_layer_norm = base.RMSNorm(dtype=cfg.dtype)
     self.encoder_decoder_attention = Attention(cfg)
-    self.pre_mlp_layer_norm = LayerNorm(cfg.dtype)
+    self.pre_mlp_layer_norm = base.RMSNorm(dtype=cfg.dtype)
     self.mlp = GatedMlp(cfg)
 
   def cross_keys_values(self, encoded: Array) -> tuple[Array, Array]:
@@ -283,7 +271,7 @@ class Decoder(nn.Module):
     cfg = self.config
     self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]   # named layers_0, layers_1, …
-    self.decoder_norm = LayerNorm(cfg.dtype)
+    self.decoder_norm = base.RMSNorm(dtype=cfg.dtype)
     self.logits_dense = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, kernel_init=_DENSE_INIT)
 
   def cross_keys_values(self, encoded: Array) -> tuple[list[Array], list[Array]]:
@@ -438,10 +426,11 @@ class T5(base.Configured):
     """The decoder's input of tokens [B, n] -> [B, n, E] (T5 adds no positions and no scale)."""
     return jnp.take(self.params["token_embedder"]["embedding"], tokens, axis=0).astype(jnp.float32)
 
-  def output_logits(self, hidden: Array) -> Array:
+  def output_logits(self, hidden: Array, table: Array | None = None) -> Array:
     """Next-token logits [B, n, V] of the decoder's last hidden states [B, n, E] (after the final norm), as
-    `score` computes them from its own."""
-    kernel = self.params["decoder"]["logits_dense"]["kernel"]
+    `score` computes them from its own; through `table` [k, E] (rows of `output_table()`: a draft vocabulary)
+    the logits of those k tokens [B, n, k]."""
+    kernel = self.params["decoder"]["logits_dense"]["kernel"] if table is None else table.T
     return partitioning.gather_vocab(hidden.astype(jnp.float32) @ kernel.astype(jnp.float32))
 
   def copy_slots(self, cache: base.Cache, source_rows: Array, source_slots: Array, target_slots: Array

@@ -194,33 +194,11 @@ class TransformerLM(base.DecoderOnly):
   params: Any
   config: TransformerConfig = struct.field(pytree_node=False)
 
-  def logits(self, tokens: Array, *, return_hidden: bool = False) -> Array | tuple[Array, Array]:
-    """Teacher-forced logits [B, L, V] of tokens [B, L] at positions 0 … L−1 (and with `return_hidden`
-    the last hidden states [B, L, E], what SpecDec++'s acceptance head reads)."""
-    b, length = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-    logits, _, hidden = Transformer(self.config).apply({"params": self.params}, tokens, positions,
-                                                       base.causal(b, length))
-    return (logits, hidden) if return_hidden else logits
-
-  def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
-            tree_mask: Array | None = None) -> base.Scored:
-    """Scores tokens [B, n] after each row's cache: `base.Scored` (logits [B, n, V], the advanced cache, the
-    last hidden states [B, n, E], which SpecDec++'s acceptance head and a feature drafter read).
-
-    Token i of row b is written at slot lengths[b] + i and sees the row's slots < lengths[b] plus the
-    new tokens j with tree_mask[b, i, j] (default causal: j ≤ i; a tree mask must include i itself).
-    positions [B, n] are the position ids (default lengths[b] + i; a token tree gives siblings the
-    same id). lengths advance by n. The caller keeps lengths + n ≤ cache_length: slots beyond are
-    dropped (no token sees them, in this call or later).
-    """
-    slots, positions, mask = base.new_entries(cache, tokens, positions, tree_mask)
-    logits, (keys, values), hidden = Transformer(self.config).apply(
-        {"params": self.params}, tokens, positions, mask, (cache.kv["keys"], cache.kv["values"], slots))
-    cache = base.Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + tokens.shape[1])
-    logits = partitioning.gather_vocab(logits)
-    return base.Scored(logits=logits, cache=cache, hidden=hidden)
-
+  def _apply(self, tokens: Array, positions: Array, visible: Array, key_positions: Array,
+             cache: tuple[list[Array], list[Array], Array] | None) -> tuple[Array, Any, Array]:
+    """`base.DecoderOnly`'s network call (lm1b's absolute positions need no key positions)."""
+    del key_positions
+    return Transformer(self.config).apply({"params": self.params}, tokens, positions, visible, cache)
 
   # What a feature drafter (`models.feature_head`) reads through: the verifier's own input embedding and
   # output layer (lm1b's tied embedding), shared with the drafter, never copied.
@@ -236,9 +214,10 @@ class TransformerLM(base.DecoderOnly):
     """The embedding of tokens [B, n] -> [B, n, E] (without positions)."""
     return jnp.take(self.output_table(), tokens, axis=0).astype(jnp.float32)
 
-  def output_logits(self, hidden: Array) -> Array:
-    """Next-token logits [B, n, V] of last hidden states [B, n, E], as `score` computes them from its own."""
-    table = self.output_table()
+  def output_logits(self, hidden: Array, table: Array | None = None) -> Array:
+    """Next-token logits [B, n, V] of last hidden states [B, n, E], as `score` computes them from its own; through
+    `table` [k, E] (rows of `output_table()`: a draft vocabulary) the logits of those k tokens [B, n, k]."""
+    table = self.output_table() if table is None else table
     return partitioning.gather_vocab(hidden.astype(jnp.float32) @ table.astype(jnp.float32).T
                                      / np.sqrt(self.config.embed_dim))
 

@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -129,10 +129,21 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
   return head.replace(params=state.params), record
 
 
+def draft_vocabulary(token_counts: Any, size: int, always: Iterable[int] = ()) -> np.ndarray:
+  """The draft vocabulary of a head (FR-Spec): the `size` most frequent tokens by `token_counts` [V] (counts of its
+  training text; ties to the lower id) together with the ids `always` (EOS, a chat's special tokens), sorted.
+  ValueError for a size outside [1, V]."""
+  counts = np.asarray(token_counts)
+  if not 1 <= size <= counts.shape[0]:
+    raise ValueError(f"a draft vocabulary's size must lie in [1, {counts.shape[0]}] (the vocabulary); got {size}")
+  frequent = np.argsort(-counts, kind="stable")[:size]
+  return np.unique(np.concatenate([frequent, np.asarray(list(always), np.int64)]).astype(np.int64))
+
+
 def save_head(directory: str, head: FeatureHead, record: dict[str, Any] | None = None) -> str:
-  """Writes directory/feature_head/ (a new directory): the parameters (orbax) and head.json (config and
-  training record), into a temporary folder beside it renamed into place once complete, so an interrupted
-  save leaves nothing that blocks the next. Returns the path."""
+  """Writes directory/feature_head/ (a new directory): the parameters (orbax) and head.json (config, draft
+  vocabulary and training record), into a temporary folder beside it renamed into place once complete, so an
+  interrupted save leaves nothing that blocks the next. Returns the path."""
   path = os.path.join(os.path.abspath(directory), HEAD_DIRECTORY)
   if os.path.exists(path):
     raise FileExistsError(f"{path} exists; save_head writes a new directory")
@@ -143,8 +154,9 @@ def save_head(directory: str, head: FeatureHead, record: dict[str, Any] | None =
       checkpointer.save(os.path.join(staging, "params"), jax.device_get(head.params))
       checkpointer.wait_until_finished()
     config = dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name}
+    draft_ids = None if head.draft_ids is None else np.asarray(head.draft_ids).tolist()
     with open(os.path.join(staging, HEAD_JSON), "w") as f:
-      json.dump({"config": config, "training": record or {}}, f, indent=1)
+      json.dump({"config": config, "draft_ids": draft_ids, "training": record or {}}, f, indent=1)
     os.rename(staging, path)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
@@ -158,12 +170,14 @@ def load_head(directory: str) -> FeatureHead:
     raise FileNotFoundError(f"no feature head in {directory} (expected {path}/{HEAD_JSON}; train one with "
                             "specdec-train --gin_file=configs/train/debian_feature_head.gin)")
   with open(os.path.join(path, HEAD_JSON)) as f:
-    config = base.current_fields(json.load(f)["config"])
+    stored = json.load(f)
+  config = base.current_fields(stored["config"])
   config = FeatureHeadConfig(**(config | {"dtype": jnp.dtype(config["dtype"])}))
   abstract = jax.eval_shape(lambda key: init_from_config(config, key), jax.random.PRNGKey(0))
   with ocp.StandardCheckpointer() as checkpointer:
     params = checkpointer.restore(os.path.join(path, "params"), abstract.params)
-  return FeatureHead(params=jax.tree.map(jnp.asarray, params), config=config)
+  head = FeatureHead(params=jax.tree.map(jnp.asarray, params), config=config)
+  return head.with_draft_vocabulary(stored.get("draft_ids"))
 
 
 def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,

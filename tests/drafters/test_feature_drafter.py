@@ -257,3 +257,80 @@ def test_greedy_output_with_a_gemma2_verifier_is_its_greedy_output():
   got = run(drafter=drafter, method="speculative", gamma=3)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert 0 < int(np.sum(got.stats.drafted))
+
+
+# --- a draft vocabulary (FR-Spec): the head drafts among k of the V tokens --------------------------------------
+
+def _restricted(drafter, ids):
+  return FeatureDrafter(drafter.head.with_draft_vocabulary(ids), drafter.verifier)
+
+
+def test_a_draft_vocabularys_q_is_the_heads_softmax_over_its_tokens_and_zero_elsewhere():
+  verifier = _verifier(vocab=16)
+  drafter = _drafter(verifier)
+  ids = np.array([0, 3, 4, 9, 15])
+  restricted = _restricted(drafter, ids)
+  prompt = jnp.asarray([[3, 7, 1, 12, 5]], jnp.int32)
+  state, last = restricted.start(prompt, jnp.asarray([5]), 24)
+  assert state.table.shape == (5, verifier.hidden_size)
+  _, _, hidden = models.base.prefill(verifier, verifier.init_cache(1, 24), prompt, jnp.asarray([5]),
+                                     return_hidden=True)
+  state = restricted.verified(state, Verified(tokens=prompt, count=jnp.asarray([4]), next_token=last,
+                                              lengths=jnp.asarray([4]), hidden=hidden))
+  draft = restricted.propose(jax.random.PRNGKey(0), state, last, max_drafts=3,
+                             sampling=sampling.Sampling(1.0, 1.0).checked())
+  full = np.asarray(_teacher_forced_q(drafter, prompt))[0]
+  want = np.zeros(16)
+  want[ids] = full[ids] / full[ids].sum()
+  np.testing.assert_allclose(draft.q_raw[0, 0], want, atol=1e-5)
+  outside = np.setdiff1d(np.arange(16), ids)
+  assert np.all(np.asarray(draft.q)[0, :, outside] == 0) and np.all(np.isin(np.asarray(draft.tokens), ids))
+
+
+def test_with_a_draft_vocabulary_the_output_law_is_the_verifiers():
+  """k = 2 of V = 4 tokens: the verifier emits the other two only through its residual and bonus draws, and the
+  law of the 3 tokens is still its own (chi-square against enumeration, 100k rows)."""
+  verifier = _verifier()
+  drafter = _restricted(_self_distilled(verifier), [0, 2])
+  codes, out = _codes(drafter, verifier, "spec", 0.0, 2)
+  seqs = np.array(list(itertools.product(range(V), repeat=N_NEW)))
+  full = jnp.asarray(np.concatenate([np.broadcast_to(PROMPT[0], (len(seqs), 3)), seqs], 1))
+  p = jax.nn.softmax(verifier.logits(full)[:, 2:2 + N_NEW])
+  law = np.take_along_axis(np.asarray(p), seqs[:, :, None], -1)[..., 0].prod(1)
+  assert_law(codes, law / law.sum(), what="feature drafter with a draft vocabulary")
+  tokens = np.asarray(out.tokens)
+  assert np.isin(tokens, [1, 3]).mean() > 0.05   # tokens outside the draft vocabulary are emitted
+  assert 0 < np.asarray(out.stats.accepted).sum() < np.asarray(out.stats.drafted).sum()
+
+
+@pytest.mark.parametrize("method, params", [("speculative", {}), ("dynamic_tree", {"num_drafts": 2})])
+def test_greedy_output_with_a_draft_vocabulary_is_the_verifiers(method, params):
+  verifier = _verifier(vocab=64, scale=1.0)
+  drafter = _restricted(_drafter(verifier, scale=1.0), np.arange(0, 64, 3))
+  prompts = jnp.asarray(np.random.default_rng(4).integers(0, 64, (4, 6)), jnp.int32)
+  kw = dict(max_new_tokens=16, temperature=0.0, eos_id=None)
+  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, None, method="autoregressive", **kw)
+  got = decoding.generate(jax.random.PRNGKey(1), drafter, verifier, prompts, None, method=method, gamma=3,
+                          **params, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+
+
+def test_a_draft_vocabulary_must_be_increasing_token_ids():
+  head = feature_head.init(_verifier(vocab=16), jax.random.PRNGKey(0))
+  for bad in ([], [3, 3], [5, 2], [0, 16], [-1, 2]):
+    with pytest.raises(ValueError, match=r"increasing list of token ids in \[0, 16\)"):
+      head.with_draft_vocabulary(bad)
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_tokens_and_the_kept_ones(tmp_path):
+  from specdec.training import feature_head as training
+  counts = np.array([5, 0, 9, 9, 1, 7, 0, 2])
+  np.testing.assert_array_equal(training.draft_vocabulary(counts, 3), [2, 3, 5])      # ties: the lower id first
+  np.testing.assert_array_equal(training.draft_vocabulary(counts, 3, always=[6, 2]), [2, 3, 5, 6])
+  with pytest.raises(ValueError, match=r"size must lie in \[1, 8\]"):
+    training.draft_vocabulary(counts, 0)
+  head = feature_head.init(_verifier(vocab=16), jax.random.PRNGKey(0)).with_draft_vocabulary([1, 4, 9])
+  training.save_head(str(tmp_path), head)
+  loaded = training.load_head(str(tmp_path))
+  np.testing.assert_array_equal(loaded.draft_ids, [1, 4, 9])
+  jax.tree.map(np.testing.assert_array_equal, loaded.params, head.params)

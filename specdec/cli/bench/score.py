@@ -1,8 +1,8 @@
 """ms of one `score` of n tokens after a prefix, per model and batch: c_γ and the drafter/verifier c.
 
-Models are presets with random weights (`--vocab`, seeds 0, 1, … in the order given) or exported directories
+Models are presets with random weights (`--vocab`, seeds 0, 1, … in the order given) or models `load_model` reads
 (the shipped pair: data/models/debian_drafter data/models/debian_verifier; a trained T5 pair: its export
-directories). A decoder-only model's cache holds `--prefix` positions of random tokens; a T5's decoder holds
+directories; GGUF files; smollm2). A decoder-only model's cache holds `--prefix` positions of random tokens; a T5's decoder holds
 them after its encoder read an `--encoder_input`-token input once (untimed). Each figure is the median of
 `--repeats` jitted calls after a warm-up; only the logits are returned (the loops write n cache entries in
 place, which a non-donated cache would turn into a copy of the whole cache). Rows: ms, and relative to n = 1
@@ -11,13 +11,13 @@ place, which a non-donated cache would turn into a copy of the whole cache). Row
   specdec-bench score --models 6m 97m                      # random presets (SpecTr's LM1B sizes)
   specdec-bench score --models t5_tiny t5_mini t5_small --vocab 32128 --prefix 32
   specdec-bench score --models data/models/debian_drafter data/models/debian_verifier --batch 1 8
+  specdec-bench score --models smollm2 --widths 1 2 3 4 5 6 8        # SmolLM2-135M-Instruct (make smollm2)
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import os
 from typing import Any
 
 
@@ -33,15 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load(name: str, vocab_size: int, seed: int, max_length: int = 1024, dtype: str | None = None) -> tuple[str, Any]:
-  """(label, model): an exported model directory, or a preset with random weights."""
+  """(label, model): a preset with random weights, or any model `training.load_model` reads (an export, a GGUF
+  file, a pretrained checkpoint's name such as smollm2)."""
   import jax.numpy as jnp
 
   from specdec import models
   from specdec.training import export_name, load_model
-  if os.path.isdir(name):
-    label, model = export_name(name), load_model(name)
-  else:
+  if name in models.families.presets():
     label, model = name, models.build(name, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  else:
+    label, model = export_name(name), load_model(name)
   if dtype:
     model, label = models.with_dtype(model, getattr(jnp, dtype)), f"{label} {dtype}"
   return label, model
