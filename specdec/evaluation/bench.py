@@ -186,6 +186,29 @@ def score_seconds(model: Any, widths: Sequence[int], *, batch: int = 1, prefix: 
           for n in widths}
 
 
+def draft_seconds(drafter: Any, verifier: Any, *, gamma: int, batch: int = 1, prefix: int = 64, repeats: int = 20,
+                  seed: int = 0) -> float:
+  """Median seconds of one block of γ = `gamma` greedy drafts (`drafter.propose`, jitted) after `prefix` committed
+  positions of random tokens, the drafter's state read from the verifier's prefill as the loops read it. Divided
+  by γ and by `score_seconds`' t(1): the c per draft of the wall-time formulas."""
+  from specdec import sampling as sampling_lib
+  from specdec.decoding.drafters import Verified
+  from specdec.models import base
+  rng = np.random.default_rng(seed)
+  prompts = jnp.asarray(rng.integers(2, verifier.vocab_size, (batch, prefix)), jnp.int32)
+  lengths = jnp.full((batch,), prefix, jnp.int32)
+  state, last = drafter.start(prompts, lengths, prefix + gamma + 2)
+  if drafter.reads_verifier:
+    _, _, hidden = jax.jit(functools.partial(base.prefill, return_hidden=True))(
+        verifier, verifier.init_cache(batch, prefix + gamma + 2), prompts, lengths)
+    state = drafter.verified(state, Verified(tokens=prompts, count=lengths - 1, next_token=last,
+                                             lengths=lengths - 1, hidden=hidden))
+  sampling = sampling_lib.Sampling(0.0, 1.0).checked()
+  propose = jax.jit(lambda state, last: drafter.propose(jax.random.PRNGKey(0), state, last, max_drafts=gamma,
+                                                        sampling=sampling).tokens)
+  return median_seconds(propose, state, last, repeats=repeats)
+
+
 def interleaved(runs: Sequence[Callable[[Any, int], Any]], items: Sequence[Any], *, trials: int = 1,
                 warmup: Sequence[Any] | None = None,
                 on_output: Callable[[int, int, Any], None] | None = None) -> np.ndarray:

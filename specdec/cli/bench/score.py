@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--encoder_input", type=int, default=128, help="T5: encoder input tokens")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="weights and caches")
   parser.add_argument("--repeats", type=int, default=20)
+  parser.add_argument("--feature_heads", type=int, nargs="*", default=[], metavar="K",
+                      help="also time a block of --draft_gamma drafts of a feature drafter (EAGLE; random head) over "
+                           "the first model, drafting among K tokens (a draft vocabulary; 0: the whole vocabulary)")
+  parser.add_argument("--draft_gamma", type=int, default=4, help="drafts per timed block of --feature_heads")
 
 
 def load(name: str, vocab_size: int, seed: int, max_length: int = 1024, dtype: str | None = None) -> tuple[str, Any]:
@@ -54,9 +58,10 @@ def run(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], str]:
   record = bench.new_record("score", command, keys=("model", "batch", "n"), prefix=args.prefix,
                             encoder_input=args.encoder_input, repeats=args.repeats)
   widths = sorted({1, *args.widths})
-  step, sizes = {}, {}
+  step, sizes, models_loaded = {}, {}, {}
   for seed, name in enumerate(args.models):
-    label, model = load(name, args.vocab, seed, args.prefix + max(widths) + 1, args.dtype)
+    label, model = load(name, args.vocab, seed, args.prefix + max(widths) + args.draft_gamma + 2, args.dtype)
+    models_loaded[label] = model
     sizes[label] = models.count_params(model)
     for batch in args.batch:
       seconds = bench.score_seconds(model, widths, batch=batch, prefix=args.prefix, repeats=args.repeats,
@@ -75,9 +80,38 @@ def run(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], str]:
     lines.append(f"| {label} | {sizes[label]:,} | {batch} | " + " | ".join(
         f"{cells[n]['ms']:.2f} ({cells[n]['relative']:.2f})" for n in widths) + " |")
   lines.append("")
+  if args.feature_heads:
+    lines += _feature_heads(args, record, *next(iter(models_loaded.items())), step)
   for batch in args.batch:
     for a, b in itertools.combinations(sizes, 2):
       small, large = sorted((a, b), key=sizes.get)
       lines.append(f"- c = {small} / {large} (one token each, batch {batch}): "
                    f"{step[small, batch] / step[large, batch]:.3f}")
   return record, "\n".join(lines) + "\n"
+
+
+def _feature_heads(args: argparse.Namespace, record: dict[str, Any], label: str, verifier: Any,
+                   step: dict[tuple[str, int], float]) -> list[str]:
+  """Rows of a feature drafter's block over `verifier` per draft vocabulary size: ms per draft and c = that / t(1)."""
+  import jax
+  import numpy as np
+  from specdec.decoding.feature_drafter import FeatureDrafter
+  from specdec.evaluation import bench
+  from specdec.models import feature_head
+  head = feature_head.init(verifier, jax.random.PRNGKey(0))
+  lines = [f"Feature drafter (one-layer head, random weights) over {label}: a block of {args.draft_gamma} greedy "
+           "drafts after the prefix; ms per draft (c: per draft / the verifier's n = 1 step)", "",
+           "| draft vocabulary | batch | ms per draft | c |", "|---:|---:|---:|---:|"]
+  for size in args.feature_heads:
+    ids = None if size in (0, verifier.vocab_size) else np.linspace(0, verifier.vocab_size - 1, size).astype(int)
+    drafter = FeatureDrafter(head.with_draft_vocabulary(ids), verifier, bonus_q=False)
+    for batch in args.batch:
+      per_draft = bench.draft_seconds(drafter, verifier, gamma=args.draft_gamma, batch=batch, prefix=args.prefix,
+                                      repeats=args.repeats) / args.draft_gamma
+      c = per_draft / step[label, batch]
+      record["rows"].append({"model": f"{label} feature head", "draft_vocabulary": size or verifier.vocab_size,
+                             "batch": batch, "n": 1, "ms": 1e3 * per_draft, "relative": c})
+      bench.log(f"feature head over {label}, draft vocabulary {size or verifier.vocab_size}, batch {batch}: "
+                f"{1e3 * per_draft:.2f} ms per draft (c = {c:.3f})")
+      lines.append(f"| {size or verifier.vocab_size:,} | {batch} | {1e3 * per_draft:.2f} | {c:.3f} |")
+  return lines + [""]
