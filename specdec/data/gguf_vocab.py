@@ -121,6 +121,11 @@ class GGUFVocabulary:
     return self._bos
 
   @property
+  def special_ids(self) -> list[int]:
+    """The ids of the special (CONTROL) tokens: EOS, the chat template's markers, …"""
+    return sorted(self._special)
+
+  @property
   def prompt_start(self) -> list[int]:
     """[bos] where the file says to prepend it (tokenizer.ggml.add_bos_token), else nothing."""
     return [self._bos] if self._add_bos and self._bos is not None else []

@@ -77,6 +77,12 @@ class Vocabulary:
     return None if self._processor.bos_id() < 0 else self._processor.bos_id()
 
   @property
+  def special_ids(self) -> list[int]:
+    """The ids of pad, eos, unk and (where the model has one) bos."""
+    ids = {self.pad_id, self.eos_id, self.unk_id} | ({self.bos_id} if self.bos_id is not None else set())
+    return sorted(i for i in ids if i >= 0)
+
+  @property
   def prompt_start(self) -> list[int]:
     """What a decoder-only prompt starts with: [bos] where the vocabulary has one (models trained with it,
     e.g. Gemma, expect it), else nothing."""

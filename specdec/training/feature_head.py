@@ -37,6 +37,7 @@ import orbax.checkpoint as ocp
 from specdec.data import tasks
 from specdec.models import base
 from specdec.models.feature_head import FeatureHead, FeatureHeadConfig, init, init_from_config
+from specdec.training import checkpoint
 from specdec.training.train import TrainState, apply_gradients, make_optimizer
 
 Array = jax.Array
@@ -52,10 +53,14 @@ def _smooth_l1(x: Array) -> Array:
 
 
 def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights: Array, key: Array | None,
-           noise: float) -> dict[str, Array]:
+           noise: float, features: Array | None = None) -> dict[str, Array]:
   """Weighted sums over positions 1 … L−1 of rows inputs [B, L] (weights [B, L]: 1 on real tokens): the
-  regression and classification losses, the head's top-1 agreement with the verifier, and the count."""
-  _, features = verifier.logits(inputs, return_hidden=True)
+  regression and classification losses, the head's top-1 agreement with the verifier, and the count.
+  `features` [B, L, E]: the verifier's, cached (`feature_cache`); None: computed here. With a draft vocabulary
+  (`head.draft_ids`) both distributions are over its tokens (the verifier's renormalised to them): the q the
+  head drafts from."""
+  if features is None:
+    _, features = verifier.logits(inputs, return_hidden=True)
   features = jax.lax.stop_gradient(features.astype(jnp.float32))
   previous = features[:, :-1]
   if key is not None and noise:
@@ -64,8 +69,9 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
   target = features[:, 1:]
   mask = weights[:, 1:] * weights[:, :-1]
   regression = jnp.mean(_smooth_l1(predicted - target), axis=-1)
-  target_logits = jax.lax.stop_gradient(verifier.output_logits(target))
-  predicted_logits = verifier.output_logits(predicted)
+  table = None if head.draft_ids is None else jnp.take(verifier.output_table(), head.draft_ids, axis=0)
+  target_logits = jax.lax.stop_gradient(verifier.output_logits(target, table))
+  predicted_logits = verifier.output_logits(predicted, table)
   classification = -jnp.sum(jax.nn.softmax(target_logits) * jax.nn.log_softmax(predicted_logits), axis=-1)
   agree = jnp.argmax(predicted_logits, -1) == jnp.argmax(target_logits, -1)
   return {"regression": jnp.sum(regression * mask), "classification": jnp.sum(classification * mask),
@@ -77,7 +83,7 @@ def train_step(state: TrainState, head: FeatureHead, verifier: Any, batch: dict[
                noise: float = NOISE) -> tuple[TrainState, dict[str, Array]]:
   """One AdamW step on L = L_reg + 0.1·L_cls (per-token means)."""
   def loss(params):
-    sums = losses(params, head, verifier, batch["inputs"], batch["weights"], key, noise)
+    sums = losses(params, head, verifier, batch["inputs"], batch["weights"], key, noise, batch.get("features"))
     total = (REGRESSION_WEIGHT * sums["regression"] + CLASSIFICATION_WEIGHT * sums["classification"])
     return total / jnp.maximum(sums["tokens"], 1.0), sums
 
@@ -87,7 +93,7 @@ def train_step(state: TrainState, head: FeatureHead, verifier: Any, batch: dict[
 
 @jax.jit
 def eval_sums(params: Any, head: FeatureHead, verifier: Any, batch: dict[str, Array]) -> dict[str, Array]:
-  return losses(params, head, verifier, batch["inputs"], batch["weights"], None, 0.0)
+  return losses(params, head, verifier, batch["inputs"], batch["weights"], None, 0.0, batch.get("features"))
 
 
 def evaluate(head: FeatureHead, verifier: Any, batches) -> dict[str, float]:
@@ -102,18 +108,34 @@ def evaluate(head: FeatureHead, verifier: Any, batches) -> dict[str, float]:
 
 def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int, learning_rate: float = 1e-3,
           warmup_steps: int = 100, seed: int = 0, num_heads: int = 4, noise: float = NOISE,
-          log_every: int = 100, log=print) -> tuple[FeatureHead, dict[str, Any]]:
-  """A head for `verifier` trained `steps` AdamW steps on `batches` ({'inputs', 'weights'} rows); returns
-  it and its training record (settings, the last logged metrics, seconds)."""
+          draft_ids: Any = None, checkpoint_dir: str | None = None, save_every: int = 200, log_every: int = 100,
+          log=print) -> tuple[FeatureHead, dict[str, Any]]:
+  """A head for `verifier` trained `steps` AdamW steps on `batches` ({'inputs', 'weights'} rows, and the
+  verifier's cached 'features' where a `feature_cache` gives them), drafting among `draft_ids` (a draft
+  vocabulary; None: all tokens); returns it and its training record (settings, the last logged metrics,
+  seconds). With `checkpoint_dir` the state is saved every `save_every` steps and a run resumes from the latest
+  checkpoint there (the batches it had used skipped)."""
   if steps < 1:
     raise ValueError(f"steps must be >= 1; got {steps}")
   key = jax.random.PRNGKey(seed)
-  head = init(verifier, key, num_heads=num_heads)
+  head = init(verifier, key, num_heads=num_heads).with_draft_vocabulary(draft_ids)
   tx = make_optimizer(steps, learning_rate=learning_rate, warmup_steps=min(warmup_steps, steps), decay="cosine",
                       weight_decay=0.0)
   state = TrainState.create(head.params, tx)
+  checkpoints, first = None, 0
+  if checkpoint_dir:
+    metadata = {"head": dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name},
+                "steps": steps, "learning_rate": learning_rate, "seed": seed,
+                "draft_vocabulary": None if draft_ids is None else np.asarray(draft_ids).tolist()}
+    restored = checkpoint.restore_latest(checkpoint_dir, state, expected=metadata)
+    if restored is not None:
+      state, first = restored.state, restored.data_offset
+      log(f"resumed from {checkpoint_dir} at step {first}")
+      for _ in range(first):
+        next(batches)
+    checkpoints = checkpoint.Checkpointer(checkpoint_dir, metadata=metadata, save_every=save_every, keep=1)
   start, metrics = time.monotonic(), {}
-  for step in range(steps):
+  for step in range(first, steps):
     batch = next(batches)
     state, metrics = train_step(state, head, verifier, {k: jnp.asarray(v) for k, v in batch.items()},
                                 jax.random.fold_in(key, step), noise=noise)
@@ -122,7 +144,12 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
       log(f"step {step + 1}/{steps}: regression {metrics['regression']:.4f} classification "
           f"{metrics['classification']:.4f} top-1 agreement {metrics['top1_agreement']:.3f} "
           f"({time.monotonic() - start:.0f} s)")
+    if checkpoints is not None:
+      checkpoints.save(step + 1, state, data_offset=step + 1, force=step + 1 == steps)
+  if checkpoints is not None:
+    checkpoints.close()
   record = {"steps": steps, "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed,
+            "draft_vocabulary": None if draft_ids is None else len(draft_ids),
             "noise": noise, "regression_weight": REGRESSION_WEIGHT,
             "classification_weight": CLASSIFICATION_WEIGHT, "last_metrics": metrics,
             "seconds": time.monotonic() - start}
@@ -182,24 +209,65 @@ def load_head(directory: str) -> FeatureHead:
 
 def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,
                    learning_rate: float = 1e-3, seed: int = 0, eval_batches: int = 20, source: str = "auto",
-                   command: str = "", log=print) -> str:
-  """The recipe: a head for the verifier exported in `verifier` (`loading.load_model`), trained on the
-  local Debian tasks' training text (`tasks.prefix_lm_batches`: descriptions, synopses, translations; `source`
-  as `debian.load`'s), evaluated on `eval_batches` validation batches, written to `out`/feature_head/ with
-  its training record (settings, losses, top-1 agreement with the verifier, seconds, `command`). Returns
-  the head's path."""
-  from specdec.training.loading import load_model
+                   data: str = "debian", prompts: int = 2000, max_new_tokens: int = 192, draft_vocabulary_size: int = 0,
+                   work_dir: str | None = None, command: str = "", log=print) -> str:
+  """The recipe: a head for the verifier `verifier` (`loading.load_model`: an export, a GGUF file, smollm2), trained
+  `steps` steps and written to `out`/feature_head/ with its training record (settings, losses, top-1 agreement with
+  the verifier on `eval_batches` held-out batches, seconds, `command`). Returns the head's path.
+
+  `data` 'debian': the local Debian tasks' training text (`tasks.prefix_lm_batches`: descriptions, synopses,
+  translations; `source` as `debian.load`'s), rows of `seq_len`, features computed each step. 'self_distilled':
+  `prompts` chat prompts of many kinds answered by the verifier itself (`self_distill`, up to `max_new_tokens`
+  each), its features computed once and cached (`feature_cache`), all in `work_dir` (default out/self_distilled;
+  every stage, training included, resumes where an interrupted run stopped); the last 5 % of the rows are held out.
+  `draft_vocabulary_size` k > 0: the head drafts among the k most frequent tokens of its training text, EOS and the
+  vocabulary's special tokens (`draft_vocabulary`)."""
+  from specdec.data import load_vocabulary
+  from specdec.training import feature_cache, self_distill
+  from specdec.training.loading import load_model, resolve
   start = time.monotonic()
   model = load_model(verifier)
   if os.path.exists(os.path.join(os.path.abspath(out), HEAD_DIRECTORY)):
     raise FileExistsError(f"{os.path.join(out, HEAD_DIRECTORY)} exists; give another out directory")
-  batches = tasks.prefix_lm_batches("train", batch_size=batch_size, seq_len=seq_len, vocab_size=model.vocab_size,
-                                    seed=seed, length_window=8, source=source)
-  head, record = train(model, batches, steps=steps, learning_rate=learning_rate, seed=seed, log=log)
-  validation = tasks.prefix_lm_batches("validation", batch_size=batch_size, seq_len=seq_len,
-                                       vocab_size=model.vocab_size, seed=0, length_window=8, source=source)
-  record["validation"] = evaluate(head, model, (next(validation) for _ in range(eval_batches)))
-  record.update(verifier=os.path.normpath(verifier), batch_size=batch_size, seq_len=seq_len, command=command,
+  checkpoint_dir, vocab_path = None, None
+  if data == "debian":
+    batches = tasks.prefix_lm_batches("train", batch_size=batch_size, seq_len=seq_len, vocab_size=model.vocab_size,
+                                      seed=seed, length_window=8, source=source)
+    validation = tasks.prefix_lm_batches("validation", batch_size=batch_size, seq_len=seq_len,
+                                         vocab_size=model.vocab_size, seed=0, length_window=8, source=source)
+    held_out = [next(validation) for _ in range(eval_batches)]
+    counting = tasks.prefix_lm_batches("train", batch_size=batch_size, seq_len=seq_len, vocab_size=model.vocab_size,
+                                       seed=seed + 1, length_window=8, source=source)
+    counts = np.bincount(np.concatenate([b["inputs"][b["weights"] > 0] for b in (next(counting) for _ in range(200))]),
+                         minlength=model.vocab_size)
+    vocab = load_vocabulary()
+  elif data == "self_distilled":
+    work_dir = work_dir or os.path.join(out, "self_distilled")
+    vocab_path = resolve(verifier)
+    vocab = load_vocabulary(vocab_path)
+    self_distill.write_prompts(work_dir, model, vocab, n=prompts, seed=seed, source=source, log=log)
+    responses = self_distill.write_responses(work_dir, model, vocab, max_new_tokens=max_new_tokens, seed=seed,
+                                             log=log)
+    feature_cache.write_features(work_dir, model, responses, log=log)
+    shards = feature_cache.load_shards(work_dir)
+    rows = [(s, r) for s, shard in enumerate(shards) for r in range(shard["tokens"].shape[0])]
+    cut = len(rows) - max(1, len(rows) // 20)
+    batches = feature_cache.cached_batches(shards, batch_size=batch_size, seed=seed, rows_of=rows[:cut])
+    held = feature_cache.cached_batches(shards, batch_size=min(batch_size, len(rows) - cut), seed=0,
+                                        rows_of=rows[cut:])
+    held_out = [next(held) for _ in range(max(1, min(eval_batches, (len(rows) - cut) // batch_size)))]
+    counts = np.bincount(np.concatenate([r["response_ids"] for r in responses]), minlength=model.vocab_size)
+    checkpoint_dir = os.path.join(os.path.abspath(work_dir), "checkpoints")
+  else:
+    raise ValueError(f"data must be 'debian' or 'self_distilled'; got {data!r}")
+  draft_ids = None
+  if draft_vocabulary_size:
+    draft_ids = draft_vocabulary(counts[:model.vocab_size], draft_vocabulary_size, always=vocab.special_ids)
+  head, record = train(model, batches, steps=steps, learning_rate=learning_rate, seed=seed, draft_ids=draft_ids,
+                       checkpoint_dir=checkpoint_dir, log=log)
+  record["validation"] = evaluate(head, model, held_out)
+  record.update(verifier=os.path.normpath(verifier), data=data, batch_size=batch_size, seq_len=seq_len,
+                prompts=prompts if data == "self_distilled" else None, command=command,
                 backend=jax.default_backend(), wall_seconds=time.monotonic() - start)
   path = save_head(out, head, record)
   log(f"validation: {json.dumps(record['validation'])} -> {path}")

@@ -1,0 +1,106 @@
+"""The verifier's features of a feature head's training text, computed once and kept on disk (layer 4): a head
+then trains without running the verifier (EAGLE's teacher forcing; one verifier forward per token, not one per
+token per epoch).
+
+  write_features(out, verifier, responses)   # out/features/shard_00000.npz, … (resumed shard by shard)
+  batches = cached_batches(out, batch_size=8, seed=0)   # {'inputs', 'weights', 'features'} rows, endlessly
+
+A shard holds `SHARD_ROWS` sequences (a prompt's ids then its response's) cut to `max_length`: tokens [N, W] int32,
+weights [N, W] float32 (1 from the prompt's last token on: the response is what the head learns to draft), features
+[N, W, E] float16
+(the verifier's last hidden states after each token, what its output layer reads). Each shard is written whole
+(to a temporary name, renamed), so an interrupted run resumes at the first missing shard.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FEATURES = "features"
+SHARD_ROWS = 64
+
+
+def _hidden(verifier: Any, tokens: np.ndarray) -> np.ndarray:
+  return np.asarray(_hidden_jit(verifier, jnp.asarray(tokens)), np.float16)
+
+
+@jax.jit
+def _hidden_jit(verifier: Any, tokens: jax.Array) -> jax.Array:
+  return verifier.logits(tokens, return_hidden=True)[1]
+
+
+def rows(records: Sequence[dict], max_length: int, width_step: int = 64) -> tuple[np.ndarray, np.ndarray]:
+  """Sequences prompt_ids + response_ids cut to `max_length`, right-padded with 0 to a multiple of `width_step`:
+  tokens [N, W] and weights [N, W]: 1 from the prompt's last token on, so that the head's loss (on pairs of
+  weighted positions) covers every response token's prediction, the first one's from the prompt included."""
+  sequences = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in records]
+  width = -(-max(map(len, sequences)) // width_step) * width_step
+  tokens, weights = np.zeros((len(records), width), np.int32), np.zeros((len(records), width), np.float32)
+  for row, (record, sequence) in enumerate(zip(records, sequences)):
+    tokens[row, :len(sequence)] = sequence
+    weights[row, len(record["prompt_ids"]) - 1:len(sequence)] = 1.0
+  return tokens, weights
+
+
+def write_features(out: str, verifier: Any, responses: Sequence[dict], *, max_length: int = 512,
+                   batch_size: int = 8, log: Callable[[str], None] = print) -> list[str]:
+  """Shards of `responses` (self_distill's records) with the verifier's features, under out/features/; shards
+  already there are kept (resumed). Returns the shards' paths."""
+  folder = os.path.join(out, FEATURES)
+  os.makedirs(folder, exist_ok=True)
+  paths = []
+  for shard, start in enumerate(range(0, len(responses), SHARD_ROWS)):
+    path = os.path.join(folder, f"shard_{shard:05d}.npz")
+    paths.append(path)
+    if os.path.exists(path):
+      continue
+    tokens, weights = rows(responses[start:start + SHARD_ROWS], max_length)
+    features = np.concatenate([_hidden(verifier, tokens[i:i + batch_size])
+                               for i in range(0, len(tokens), batch_size)])
+    partial = path + ".partial.npz"
+    np.savez(partial, tokens=tokens, weights=weights, features=features)
+    os.replace(partial, path)
+    log(f"features: shard {shard + 1}/{-(-len(responses) // SHARD_ROWS)} ({int(weights.sum())} response tokens)")
+  return paths
+
+
+def load_shards(out: str) -> list[dict[str, np.ndarray]]:
+  """Every shard under out/features/ (FileNotFoundError naming the folder if there is none)."""
+  paths = sorted(glob.glob(os.path.join(out, FEATURES, "shard_*.npz")))
+  paths = [p for p in paths if not p.endswith(".partial.npz")]
+  if not paths:
+    raise FileNotFoundError(f"no feature shards in {os.path.join(out, FEATURES)}: write them with "
+                            "feature_cache.write_features")
+  shards = []
+  for path in paths:
+    with np.load(path) as data:
+      shards.append({name: data[name] for name in ("tokens", "weights", "features")})
+  return shards
+
+
+def cached_batches(shards: Sequence[dict[str, np.ndarray]], *, batch_size: int, seed: int = 0,
+                   rows_of: Sequence[tuple[int, int]] | None = None) -> Iterator[dict[str, np.ndarray]]:
+  """Endless batches of `batch_size` rows drawn without replacement, epoch by epoch (`seed`), from the shards'
+  rows (or the (shard, row) pairs `rows_of`): {'inputs' [B, W], 'weights' [B, W], 'features' [B, W, E] float32},
+  W the widest of the batch's shards."""
+  rows_of = list(rows_of if rows_of is not None else
+                 [(s, r) for s, shard in enumerate(shards) for r in range(shard["tokens"].shape[0])])
+  rng = np.random.default_rng(seed)
+  while True:
+    order = rng.permutation(len(rows_of))
+    for start in range(0, len(order) - batch_size + 1, batch_size):
+      picked = [rows_of[i] for i in order[start:start + batch_size]]
+      width = max(shards[s]["tokens"].shape[1] for s, _ in picked)
+
+      def stack(name: str, dtype: Any) -> np.ndarray:
+        return np.stack([np.pad(shards[s][name][r], [(0, width - shards[s][name].shape[1])]
+                                + [(0, 0)] * (shards[s][name].ndim - 2)) for s, r in picked]).astype(dtype)
+      yield {"inputs": stack("tokens", np.int32), "weights": stack("weights", np.float32),
+             "features": stack("features", np.float32)}

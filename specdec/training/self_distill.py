@@ -1,0 +1,183 @@
+"""Self-distillation data for a feature head (EAGLE-2/3, SpecForge): chat prompts of many kinds, answered by the
+verifier itself (layer 4). A head learns the verifier's own continuations, on the kind of requests users send.
+
+  write_prompts(out, verifier, vocab, n=2000)     # out/prompts.jsonl: {id, kind, text}
+  write_responses(out, verifier, vocab)           # out/responses.jsonl: {id, kind, temperature, prompt_ids, response_ids}
+
+Prompt kinds, in turn: summaries, questions and how-tos about Debian packages (the shipped descriptions), general
+how-tos, code, explanations, lists, translations and rewrites (seeds in data/prompts/seeds.json), and requests the
+verifier writes itself when asked for a question about a topic (`SELF_WRITTEN`, sampled at T = 1). The verifier
+answers each through its chat template, greedy or sampled (`temperatures`, in turn by batch), up to EOS or
+`max_new_tokens`. Both files are appended batch by batch, whole lines only: an interrupted run (Ctrl-C) keeps what
+it finished and the same call resumes after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import decoding
+from specdec.data import debian, shipped
+
+PROMPTS, RESPONSES = "prompts.jsonl", "responses.jsonl"
+SELF_WRITTEN = "self_written"
+KINDS = ("summary", "package_question", "how_to", "code", "explain", "list", "translation", "rewrite", SELF_WRITTEN)
+MAX_DOCUMENT_CHARS = 1200   # a description's text in a prompt (long ones cut at a word)
+_LANGUAGES = ("French", "German", "Spanish", "Italian")
+
+
+def _seeds() -> dict[str, list[str]]:
+  with open(shipped.path("data", "prompts", "seeds.json")) as f:
+    return json.load(f)
+
+
+def _cut(text: str, limit: int = MAX_DOCUMENT_CHARS) -> str:
+  return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def templated_prompt(kind: str, rng: random.Random, seeds: dict[str, list[str]], packages: Sequence[dict]) -> str:
+  """One prompt of `kind` (not SELF_WRITTEN) from the seeds and a random Debian package's description."""
+  package = rng.choice(packages)
+  name, document, synopsis = package["package"], _cut(package["document"]), package["summary"]
+  if kind == "summary":
+    return f"Summarize this software description in one sentence:\n\n{document}"
+  if kind == "package_question":
+    return rng.choice([f"What is {name} used for? Here is its description:\n\n{document}",
+                       f"Would {name} be useful to me? Its description says:\n\n{document}\n\nExplain briefly.",
+                       f"Here is a description of the program {name}:\n\n{document}\n\nWho is it for?"])
+  if kind == "how_to":
+    return rng.choice(["How do I {}?", "What is the best way to {}?", "Give me step-by-step instructions to {}."]
+                      ).format(rng.choice(seeds["tasks"]))
+  if kind == "code":
+    return f"Write a Python function that {rng.choice(seeds['code_tasks'])}."
+  if kind == "explain":
+    return rng.choice(["Explain {} in simple terms.", "What is {}?", "Explain {} to a ten-year-old."]
+                      ).format(rng.choice(seeds["concepts"]))
+  if kind == "list":
+    return f"List {rng.choice(['three', 'four', 'five'])} {rng.choice(seeds['things'])}."
+  if kind == "translation":
+    return f"Translate into {rng.choice(_LANGUAGES)}: {synopsis[:1].upper() + synopsis[1:]}."
+  if kind == "rewrite":
+    return rng.choice(["Rewrite this more formally: {}.", "Make this sentence more exciting: {}.",
+                       "Turn this into a full sentence: {}."]).format(synopsis)
+  raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def _chat_batch(vocab: Any, texts: Sequence[str], width_step: int = 64) -> tuple[np.ndarray, np.ndarray]:
+  """Texts as user turns of the chat template, ids [B, W] (W a multiple of `width_step`: few compiled widths)."""
+  ids = [vocab.prompt_start + vocab.encode(vocab.format_chat([{"role": "user", "content": text}])) for text in texts]
+  width = -(-max(map(len, ids)) // width_step) * width_step
+  prompts = np.zeros((len(ids), width), np.int32)
+  for row, row_ids in enumerate(ids):
+    prompts[row, :len(row_ids)] = row_ids
+  return prompts, np.asarray([len(row_ids) for row_ids in ids], np.int32)
+
+
+def answer(verifier: Any, vocab: Any, texts: Sequence[str], *, temperature: float, max_new_tokens: int, seed: int,
+           batch_size: int) -> list[tuple[list[int], list[int]]]:
+  """(prompt ids, response ids) of each text answered by `verifier` through the chat template, up to and without
+  EOS. The batch is padded to `batch_size` rows (one compiled program per prompt width)."""
+  padded = list(texts) + [texts[-1]] * (batch_size - len(texts))
+  prompts, lengths = _chat_batch(vocab, padded)
+  out = decoding.generate(jax.random.PRNGKey(seed), None, verifier, jnp.asarray(prompts), jnp.asarray(lengths),
+                          method="autoregressive", temperature=temperature, max_new_tokens=max_new_tokens,
+                          eos_id=vocab.eos_id)
+  tokens, counts = np.asarray(out.tokens), np.asarray(out.lengths)
+  answers = []
+  for row in range(len(texts)):
+    response = tokens[row, :counts[row]].tolist()
+    if vocab.eos_id in response:
+      response = response[:response.index(vocab.eos_id)]
+    answers.append((prompts[row, :lengths[row]].tolist(), response))
+  return answers
+
+
+def _question(written: str) -> str:
+  """The request in what the verifier wrote when asked for one: its first line, the quoted part if it quotes."""
+  line = written.strip().split("\n")[0].strip()
+  quoted = line.split('"')
+  return quoted[1].strip() if len(quoted) >= 3 and quoted[1].strip() else line
+
+
+def _done(path: str) -> list[dict]:
+  """The whole lines of a JSONL file an earlier run appended to (a line cut short is dropped from the file)."""
+  if not os.path.exists(path):
+    return []
+  with open(path, "rb") as f:
+    data = f.read()
+  whole = data[:data.rfind(b"\n") + 1]
+  if len(whole) != len(data):
+    with open(path, "r+b") as f:
+      f.truncate(len(whole))
+  return [json.loads(line) for line in whole.decode("utf-8").splitlines()]
+
+
+def _append(path: str, records: Sequence[dict]) -> None:
+  with open(path, "a", encoding="utf-8") as f:
+    f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+  for start in range(0, len(items), size):
+    yield items[start:start + size]
+
+
+def write_prompts(out: str, verifier: Any, vocab: Any, *, n: int = 2000, seed: int = 0, source: str = "auto",
+                  batch_size: int = 16, self_written_tokens: int = 48, log: Callable[[str], None] = print) -> list[dict]:
+  """`n` prompts in out/prompts.jsonl (resumed where a run stopped): the kinds of `KINDS` in turn, the templated
+  ones drawn with `seed` from the seeds and the Debian packages of `source`'s train split, the self-written ones
+  sampled from `verifier` at T = 1. Returns them all."""
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, PROMPTS)
+  records = _done(path)
+  rng, seeds = random.Random(seed), _seeds()
+  packages = debian.load("debian_synopsis", "train", source=source)
+  kinds = [KINDS[i % len(KINDS)] for i in range(n)]
+  # Every templated text is drawn whatever was resumed, so that a resumed run writes what an uninterrupted one would.
+  texts = [None if kind == SELF_WRITTEN else templated_prompt(kind, rng, seeds, packages) for kind in kinds]
+  topics = [rng.choice(seeds["topics"]) for _ in kinds]
+  pending = list(range(len(records), n))
+  for batch_index, rows in enumerate(_batches(pending, batch_size)):
+    asks = [f"Write one question that a curious person might ask an AI assistant about {topics[i]}. Write only the "
+            "question." for i in rows if kinds[i] == SELF_WRITTEN]
+    written = iter(answer(verifier, vocab, asks, temperature=1.0, max_new_tokens=self_written_tokens,
+                          seed=seed * 100_003 + rows[0], batch_size=batch_size) if asks else [])
+    batch = []
+    for i in rows:
+      text = texts[i] if kinds[i] != SELF_WRITTEN else _question(vocab.decode(next(written)[1]))
+      batch.append({"id": i, "kind": kinds[i], "text": text or f"Tell me something interesting about {topics[i]}."})
+    _append(path, batch)
+    records += batch
+    log(f"prompts: {len(records)}/{n}")
+  return records
+
+
+def write_responses(out: str, verifier: Any, vocab: Any, *, temperatures: Sequence[float] = (0.0, 1.0),
+                    max_new_tokens: int = 192, batch_size: int = 16, seed: int = 0,
+                    log: Callable[[str], None] = print) -> list[dict]:
+  """The verifier's answer to every prompt of out/prompts.jsonl in out/responses.jsonl (resumed where a run
+  stopped), batch k at temperatures[k % len(temperatures)]. Returns them all."""
+  prompts = _done(os.path.join(out, PROMPTS))
+  path = os.path.join(out, RESPONSES)
+  records = _done(path)
+  start = len(records)
+  for batch_index, batch in enumerate(_batches(prompts[start:], batch_size), start // batch_size):
+    temperature = float(temperatures[batch_index % len(temperatures)])
+    answers = answer(verifier, vocab, [p["text"] for p in batch], temperature=temperature,
+                     max_new_tokens=max_new_tokens, seed=seed * 100_003 + batch[0]["id"], batch_size=batch_size)
+    finished = [{"id": p["id"], "kind": p["kind"], "temperature": temperature, "prompt_ids": prompt_ids,
+                 "response_ids": response_ids} for p, (prompt_ids, response_ids) in zip(batch, answers)]
+    _append(path, finished)
+    records += finished
+    log(f"responses: {len(records)}/{len(prompts)}, {sum(len(r['response_ids']) for r in records)} tokens")
+  return records

@@ -1,0 +1,87 @@
+"""Self-distillation data and cached features for a feature head (training/self_distill.py,
+training/feature_cache.py), on a tiny Llama and a character vocabulary: prompts of every kind, the verifier's
+answers, resumption after an interruption, feature shards equal to the verifier's own, and a head trained from
+them."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import models
+from specdec.training import feature_cache, feature_head, self_distill
+
+V = 96
+
+
+class CharVocabulary:
+  """Characters as ids (printable ASCII from 32; id 1 is EOS), with a ChatML-like template."""
+  eos_id, pad_id, prompt_start, chat_template = 1, 0, [], "chatml"
+
+  def encode(self, text):
+    return [2 + (ord(c) - 32) % (V - 2) for c in text]
+
+  def decode(self, ids):
+    return "".join(chr(32 + i - 2) for i in ids if i >= 2)
+
+  def format_chat(self, messages):
+    return "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + "<assistant>"
+
+
+@pytest.fixture(scope="module")
+def verifier():
+  return models.build("llama_tiny", vocab_size=V, seed=0, max_length=1024)
+
+
+def _run(out, verifier, n=12):
+  self_distill.write_prompts(str(out), verifier, CharVocabulary(), n=n, batch_size=4, source="sample",
+                             self_written_tokens=8, log=lambda _: None)
+  return self_distill.write_responses(str(out), verifier, CharVocabulary(), batch_size=4, max_new_tokens=8,
+                                      log=lambda _: None)
+
+
+def test_prompts_of_every_kind_are_answered_and_an_interrupted_run_resumes(tmp_path, verifier):
+  whole = _run(tmp_path / "whole", verifier, n=len(self_distill.KINDS) + 3)
+  kinds = [r["kind"] for r in whole]
+  assert set(kinds) == set(self_distill.KINDS) and [r["id"] for r in whole] == list(range(len(whole)))
+  assert {r["temperature"] for r in whole} == {0.0, 1.0}
+  assert all(r["response_ids"] and CharVocabulary.eos_id not in r["response_ids"] for r in whole)
+  # Interrupted: the responses file holds one whole batch and half a line of the next.
+  cut = tmp_path / "cut"
+  _run(cut, verifier, n=len(self_distill.KINDS) + 3)
+  lines = (cut / self_distill.RESPONSES).read_text().splitlines(keepends=True)
+  (cut / self_distill.RESPONSES).write_text("".join(lines[:4]) + lines[4][:10])
+  resumed = self_distill.write_responses(str(cut), verifier, CharVocabulary(), batch_size=4, max_new_tokens=8,
+                                         log=lambda _: None)
+  assert resumed == whole
+  assert [json.loads(line) for line in (cut / self_distill.RESPONSES).read_text().splitlines()] == whole
+
+
+def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
+  responses = _run(tmp_path, verifier, n=16)
+  paths = feature_cache.write_features(str(tmp_path), verifier, responses, max_length=256, batch_size=4,
+                                       log=lambda _: None)
+  assert feature_cache.write_features(str(tmp_path), verifier, responses, log=lambda _: None) == paths   # kept
+  shards = feature_cache.load_shards(str(tmp_path))
+  tokens, weights = shards[0]["tokens"], shards[0]["weights"]
+  first = responses[0]
+  assert weights[0, len(first["prompt_ids"]) - 1] == 1 and weights[0, len(first["prompt_ids"]) - 2] == 0
+  _, hidden = verifier.logits(jnp.asarray(tokens[:2]), return_hidden=True)
+  np.testing.assert_allclose(shards[0]["features"][:2], np.asarray(hidden), rtol=2e-3, atol=2e-3)
+  batches = feature_cache.cached_batches(shards, batch_size=4, seed=0)
+  batch = next(batches)
+  head = feature_head.init(verifier, jax.random.PRNGKey(0)).with_draft_vocabulary(np.arange(0, V, 2))
+  cached = feature_head.losses(head.params, head, verifier, batch["inputs"], batch["weights"], None, 0.0,
+                               batch["features"])
+  computed = feature_head.losses(head.params, head, verifier, batch["inputs"], batch["weights"], None, 0.0)
+  for name in ("regression", "classification"):
+    np.testing.assert_allclose(cached[name], computed[name], rtol=1e-2)
+  before = feature_head.evaluate(head, verifier, [batch])
+  trained, record = feature_head.train(verifier, batches, steps=60, learning_rate=3e-3, warmup_steps=5,
+                                       draft_ids=np.arange(0, V, 2), log_every=1000, log=lambda _: None)
+  after = feature_head.evaluate(trained, verifier, [batch])
+  assert record["draft_vocabulary"] == V // 2 and trained.draft_ids.shape == (V // 2,)
+  assert after["classification"] < before["classification"] and after["regression"] < before["regression"]
