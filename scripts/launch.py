@@ -138,24 +138,27 @@ def pair_bytes(drafter: str, verifier: str, vocab_size: int, cache_length: int, 
   allocated)."""
   weights = cache = 0
   kv_heads = []
+  import jax
   for preset in (drafter, verifier):
-    parameters, cache_values, heads = _shapes(preset, vocab_size, cache_length, batch_size)
-    weights += parameters * bytes_per_value
-    cache += cache_values * bytes_per_value
-    kv_heads.append(heads)
+    model = _abstract(preset, vocab_size)
+    cache_values = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length)).kv
+    weights += _count(model.params) * bytes_per_value
+    cache += _count(cache_values) * bytes_per_value
+    kv_heads.append(model.config.cache_heads)
   return weights, cache, math.gcd(*kv_heads)
 
 
+def _count(tree) -> int:
+  import jax
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))
+
+
 @functools.lru_cache(maxsize=None)
-def _shapes(preset: str, vocab_size: int, cache_length: int, batch_size: int) -> tuple[int, int, int]:
-  """A preset's parameters, its KV cache's values for the batch and its cache heads, from its shapes (tracing a
-  27B init takes seconds)."""
+def _abstract(preset: str, vocab_size: int):
+  """A preset's model as shapes (tracing a 27B init takes seconds: once per preset), caches of any length."""
   import jax
   from specdec import models
-  model = jax.eval_shape(lambda: models.build(preset, vocab_size=vocab_size, max_length=cache_length))
-  cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length))
-  count = lambda tree: sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))  # noqa: E731
-  return count(model.params), count(cache.kv), model.config.cache_heads
+  return jax.eval_shape(lambda: models.build(preset, vocab_size=vocab_size, max_length=1 << 20))
 
 
 def size_mesh(tpu: str, verifier: str, cache_length: int, batch_size: int, bytes_per_value: int = 2) -> Sizing:

@@ -234,12 +234,10 @@ def row_ids(texts: Sequence[str]) -> np.ndarray:
 def _model_directory(path: str, role: str) -> str:
   """A model given as a path (a directory, local or gs://…, or a GGUF file), a pretrained checkpoint's name (its
   cached file; FileNotFoundError naming the command that fetches it) or a shipped model's name."""
-  if not os.path.exists(path) and path in pretrained.CHECKPOINTS:
-    try:
-      return str(pretrained.path(path))
-    except FileNotFoundError as e:
-      raise FileNotFoundError(f"--{role} {path}: {e}") from None
-  found = shipped.find(path, os.path.join("data", "models"))
+  try:
+    found = pretrained.resolve(path)
+  except FileNotFoundError as e:   # a pretrained checkpoint not fetched yet
+    raise FileNotFoundError(f"--{role} {path}: {e}") from None
   if "://" not in found and not os.path.isdir(found) and not formats.is_gguf(found):
     raise FileNotFoundError(f"--{role} {path}: no such model directory or GGUF file (nor a shipped or pretrained "
                             f"model of that name: {', '.join(pretrained.CHECKPOINTS)})")

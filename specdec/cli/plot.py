@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import uuid
 
 from specdec import cli
 
@@ -54,7 +54,9 @@ def write_report(results: str, out_dir: str) -> dict[str, str]:
               "writes them all")
     return f"no figure or table was written (those in {out_dir} are as they were); the same command writes them"
   cli.on_interrupt(kept)
-  staging.append(tempfile.mkdtemp(prefix=".plot-", dir=out_dir))
+  # Named (and known to `kept`) before it exists: Ctrl-C right after a mkdtemp, before its name was kept, left it.
+  staging.append(os.path.join(out_dir, f".plot-{uuid.uuid4().hex[:8]}"))
+  os.mkdir(staging[0])
   try:
     staged = pareto.report(results, staging[0])
     paths = {name: os.path.join(out_dir, name) for name in staged}

@@ -79,8 +79,13 @@ def _train_model():
 def _train_feature_head(command: str):
   verifier = gin.query_parameter("train_feature_head.verifier")
   out = gin.query_parameter("train_feature_head.out")
-  cli.on_interrupt(lambda: f"nothing was saved (the head is written to {out} at the end); the same command "
-                           "starts over")
+  try:
+    self_distilled = gin.query_parameter("train_feature_head.data") == "self_distilled"
+  except ValueError:   # not bound: the default, the Debian text
+    self_distilled = False
+  cli.on_interrupt(lambda: "the prompts, answers, feature shards and head checkpoints written so far are kept; the "
+                           "same command resumes" if self_distilled else
+                           f"nothing was saved (the head is written to {out} at the end); the same command starts over")
   # Explicit arguments win over the bindings: the verifier as a path or a shipped model's name.
   return _configured["train_feature_head"](verifier=shipped.find(verifier, "data/models"),
                                            command=command)

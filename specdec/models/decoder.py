@@ -23,7 +23,7 @@ input dimension first — q_einsum [E, N, H], kv_einsum [E, 2, K, H], attn_vec_e
 [E, 2, F], linear [F, E] — so that every projection is one matrix product of the stored array on XLA:CPU (the
 gemma library's [N, E, H] and [2, F, E] made XLA:CPU transpose each weight on every call: a 30-layer
 SmolLM2-shaped query projection took 15.4 ms at one token, 0.8 ms laid out this way). Checkpoint loaders
-(`training.convert`, `training.gguf`) lay tensors out so.
+(`training.decoder_checkpoints`, `training.gguf_checkpoints`) lay tensors out so.
 
 The cache is `base.empty_cache`'s: one keys and one values array per layer, written before attending, one length
 per row. A key's position is its slot for committed entries and the caller's position id for the tokens of
@@ -47,6 +47,19 @@ from specdec.models import base, partitioning
 Array = jax.Array
 
 LOCAL, GLOBAL = "local", "global"
+# The gemma library's layouts (and this module's before they were laid out input-first: Gemma 2 exports written
+# then) are ours transposed: our parameter path's suffix -> the axes of its array that give ours.
+GEMMA_LIBRARY_AXES: dict[str, tuple[int, ...]] = {
+    "attn/q_einsum/w": (1, 0, 2),        # [N, E, H] -> [E, N, H]
+    "attn/kv_einsum/w": (2, 0, 1, 3),    # [2, K, E, H] -> [E, 2, K, H]
+    "mlp/gating_einsum": (2, 0, 1),      # [2, F, E] -> [E, 2, F]
+}
+
+
+def from_gemma_library_layout(path: str, array: Any) -> Any:
+  """`array`, stored at parameter `path` in the gemma library's layout, in ours (other parameters as they are)."""
+  axes = next((axes for suffix, axes in GEMMA_LIBRARY_AXES.items() if path.endswith(suffix)), None)
+  return array if axes is None else array.transpose(axes)
 ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
 
 

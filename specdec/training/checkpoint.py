@@ -8,9 +8,10 @@ A training checkpoint is one step directory of an orbax `CheckpointManager` with
 into before reading any array, and turns every read failure into a `CheckpointError`: a mismatched,
 corrupt or incomplete checkpoint raises; it never yields random or partial weights.
 
-An exported model (`save_params`) is a directory holding `params/` (orbax) and `model.json` (its spec:
-the architecture, 'transformer' (`TransformerLM`), 't5' (`T5`) or 'decoder' (`Decoder`: Gemma 2, Llama; exports
-written before the shared decoder say 'gemma2'), its preset and its config's fields).
+An exported model (`save_params`) is a directory holding `params/` (orbax) and `model.json` (its spec: its
+model family's name, `models.families`: 'transformer', 't5', 'gemma2' or 'llama'; its preset; its config's
+fields). Exports written before the config fields were named alike ('emb_dim', 'mlp_dim') and Gemma 2's written
+before the shared decoder (no switches in model.json, the gemma library's layouts) load as well.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from safetensors import safe_open
 from etils import epath
@@ -167,6 +169,8 @@ def restore_latest(directory: str, abstract_state: Any, *, expected: dict[str, A
       raise _unreadable(where, e) from e
     if not isinstance(meta, dict) or not {"step", "data_offset", "tree"} <= meta.keys():
       raise CheckpointError(f"{where} has no valid metadata (step, data offset, tree manifest)")
+    if isinstance(meta.get("model"), dict):   # a run's model spec written with config fields' older names
+      meta["model"] = base.current_fields(meta["model"])
     differences = _differences(meta, expected or {})
     if differences:
       raise CheckpointError(f"{where} was written by a different run: " + "; ".join(differences))
@@ -231,9 +235,15 @@ def load_export(path: str, *, dtype: Any = None) -> Model:
     raise _unreadable(where, e) from e
   finally:
     handler.close()
+  # A Gemma 2 export written before the shared decoder (its model.json names no switch) holds the gemma library's
+  # layouts: their shapes are the ones to find, transposed into ours once read.
+  legacy = spec.get("architecture") == "gemma2" and "norm_offset" not in spec
+  expected = _manifest(abstract.params, dtypes=False)
+  if legacy:
+    expected = {name: [_legacy_shape(name, entry[0])] for name, entry in expected.items()}
   # Compared before restoring: orbax reports a tree that differs from `restore_args` as a pytree structure
   # error naming no tensor. Shapes only: a bfloat16 export loads into a float32 model.
-  problems = _tree_problems(_manifest(stored, dtypes=False), _manifest(abstract.params, dtypes=False))
+  problems = _tree_problems(_manifest(stored, dtypes=False), expected)
   if problems:
     raise CheckpointError(f"{where} does not match its {_MODEL_JSON}: " + "; ".join(problems))
   try:
@@ -242,11 +252,21 @@ def load_export(path: str, *, dtype: Any = None) -> Model:
                                     args=ocp.args.PyTreeRestore(restore_args=restore_args))
   except Exception as e:
     raise _unreadable(where, e) from e
+  if legacy:
+    params = jax.tree_util.tree_map_with_path(
+        lambda key, leaf: decoder.from_gemma_library_layout(jax.tree_util.keystr(key, simple=True, separator="/"),
+                                                            leaf), params)
   try:
     model = models.with_params(abstract, params)
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from e
   return model if dtype is None else models.with_dtype(model, dtype)
+
+
+def _legacy_shape(name: str, shape: list[int]) -> list[int]:
+  """The shape parameter `name` had in the gemma library's layout, given ours."""
+  axes = next((axes for suffix, axes in decoder.GEMMA_LIBRARY_AXES.items() if name.endswith(suffix)), None)
+  return shape if axes is None else [shape[i] for i in np.argsort(axes)]
 
 
 def safetensors_files(directory: str) -> dict[str, str]:
@@ -261,3 +281,28 @@ def safetensors_files(directory: str) -> dict[str, str]:
                           "(save the model with save_pretrained(..., safe_serialization=True))")
   with safe_open(single, framework="numpy") as f:
     return {name: single for name in f.keys()}
+
+
+def abstract_model(init: Callable[[Any, jax.Array], Model], config: Any) -> Model:
+  """The model `init(config, key)` builds, with `jax.ShapeDtypeStruct` leaves (no random weights drawn)."""
+  return jax.eval_shape(functools.partial(init, config), jax.random.PRNGKey(0))
+
+
+def checked_model(where: str, init: Callable[[Any, jax.Array], Model], config: Any, params: Any, *,
+                  host: bool = False) -> Model:
+  """The model of `config` holding `params` (`models.with_params`; `host` as there): CheckpointError naming `where`
+  and the missing, unexpected or mis-shaped parameters."""
+  try:
+    return models.with_params(abstract_model(init, config), params, host=host)
+  except ValueError as e:
+    raise CheckpointError(f"{where}: {e}") from e
+
+
+def hf_config(directory: str) -> dict[str, Any]:
+  """A Hugging Face save_pretrained directory's config.json (CheckpointError if it has none readable)."""
+  try:
+    with open(os.path.join(directory, "config.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{directory}: no readable config.json ({e}); a Hugging Face save_pretrained "
+                          "directory holds one") from e

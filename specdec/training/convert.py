@@ -30,7 +30,6 @@ CheckpointError naming the tensor; nothing is downloaded.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -44,27 +43,14 @@ from flax import serialization, traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from specdec import models
 from specdec.models import decoder, families, t5
-from specdec.training.checkpoint import CheckpointError, safetensors_files
+from specdec.training.checkpoint import CheckpointError, abstract_model, checked_model, hf_config, safetensors_files
 from specdec.training.decoder_checkpoints import load_hf_decoder
 
 _T5X_VERSION = 3
 _EMBEDDING_ALIASES = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 # HF keeps this unused tensor in some checkpoints and ignores it on load; so do we.
 _IGNORED = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
-
-
-def _abstract(config: t5.T5Config) -> t5.T5:
-  """The model's structure with `jax.ShapeDtypeStruct` leaves (no random weights drawn)."""
-  return jax.eval_shape(functools.partial(t5.init, config), jax.random.PRNGKey(0))
-
-
-def _checked(where: str, config: t5.T5Config, params: Any, *, host: bool = False) -> t5.T5:
-  try:
-    return models.with_params(_abstract(config), params, host=host)
-  except ValueError as e:
-    raise CheckpointError(f"{where}: {e}") from e
 
 
 # --- Hugging Face -------------------------------------------------------------------------------------
@@ -164,7 +150,7 @@ def load_hf_t5(directory: str, *, max_length: int = 512, host: bool = False) -> 
   if "lm_head.weight" not in files:
     names["decoder/logits_dense/kernel"] = (embedding, True)
   expected = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-              for path, leaf in jax.tree_util.tree_flatten_with_path(_abstract(config).params)[0]}
+              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_model(t5.init, config).params)[0]}
   sizes = (f"vocab_size={config.vocab_size}, d_model={config.embed_dim}, num_heads={config.num_heads}, "
            f"d_kv={config.head_dim}, d_ff={config.hidden_dim}")
   flat = {}
@@ -185,7 +171,7 @@ def load_hf_t5(directory: str, *, max_length: int = 512, host: bool = False) -> 
   # Original T5 rescales the decoder output before its (tied) head; fold the factor into the kernel.
   if hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True) is not False):
     flat[("decoder", "logits_dense", "kernel")] = flat[("decoder", "logits_dense", "kernel")] * config.embed_dim ** -0.5
-  return _checked(where, config, traverse_util.unflatten_dict(flat), host=host)
+  return checked_model(where, t5.init, config, traverse_util.unflatten_dict(flat), host=host)
 
 
 def save_hf_t5(model: t5.T5, directory: str | os.PathLike) -> str:
@@ -214,20 +200,11 @@ def save_hf_t5(model: t5.T5, directory: str | os.PathLike) -> str:
   return directory
 
 
-def _hf_config(directory: str) -> dict[str, Any]:
-  try:
-    with open(os.path.join(directory, "config.json")) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"{directory}: no readable config.json ({e}); a Hugging Face save_pretrained "
-                          "directory holds one") from e
-
-
 def load_hf(directory: str, **kwargs: Any) -> t5.T5 | decoder.Decoder:
   """The model `save_pretrained` wrote to `directory`, by its config's model_type: the family that reads it
   (`families.for_hf_model_type`: t5, gemma2, llama) and its architecture's loader (`load_hf_t5`,
   `decoder_checkpoints.load_hf_decoder`); `kwargs` (max_length, host) go to that loader."""
-  model_type = _hf_config(os.path.abspath(directory)).get("model_type")
+  model_type = hf_config(os.path.abspath(directory)).get("model_type")
   try:
     family = families.for_hf_model_type(model_type)
   except ValueError as e:
@@ -300,7 +277,7 @@ def load_t5x(path: str, config: t5.T5Config) -> t5.T5:
       return {key: read(child, f"{prefix}/{key}" if prefix else key) for key, child in node.items()}
     return np.asarray(node)
 
-  return _checked(where, config, read(contents["target"], ""))
+  return checked_model(where, t5.init, config, read(contents["target"], ""))
 
 
 def save_t5x(directory: str, params: Any, *, step: int = 0) -> str:

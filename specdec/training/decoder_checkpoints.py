@@ -17,8 +17,6 @@ naming it; nothing is downloaded.
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -30,16 +28,9 @@ import orbax.checkpoint as ocp
 from flax import traverse_util
 from safetensors import safe_open
 
-from specdec import models
 from specdec.models import decoder, families, gemma2
-from specdec.training.checkpoint import CheckpointError, safetensors_files
+from specdec.training.checkpoint import CheckpointError, abstract_model, checked_model, hf_config, safetensors_files
 
-# The gemma library's layouts are ours transposed: our path suffix -> the axes of its array that give ours.
-GEMMA_LIBRARY_AXES: dict[str, tuple[int, ...]] = {
-    "attn/q_einsum/w": (1, 0, 2),        # [N, E, H] -> [E, N, H]
-    "attn/kv_einsum/w": (2, 0, 1, 3),    # [2, K, E, H] -> [E, 2, K, H]
-    "mlp/gating_einsum": (2, 0, 1),      # [2, F, E] -> [E, 2, F]
-}
 
 
 def hf_tensor_names(config: decoder.DecoderConfig) -> dict[str, tuple[tuple[str, ...], Callable[..., np.ndarray]]]:
@@ -91,25 +82,13 @@ def hf_tensors(model: decoder.Decoder) -> dict[str, np.ndarray]:
   return tensors
 
 
-def _abstract(config: decoder.DecoderConfig) -> decoder.Decoder:
-  return jax.eval_shape(functools.partial(decoder.init, config), jax.random.PRNGKey(0))
-
-
-def _checked(where: str, config: decoder.DecoderConfig, flat: dict[tuple[str, ...], np.ndarray], *, host: bool
-             ) -> decoder.Decoder:
-  try:
-    return models.with_params(_abstract(config), traverse_util.unflatten_dict(flat), host=host)
-  except ValueError as e:
-    raise CheckpointError(f"{where}: {e}") from e
-
-
 def from_hf_tensors(config: decoder.DecoderConfig, names: set[str], read: Callable[[str], np.ndarray], where: str,
                     *, host: bool = False, source_name: Callable[[str], str] = str) -> decoder.Decoder:
   """A model of `config` from tensors under Hugging Face's names: `names` are those the source holds, `read(name)`
   gives one as a float32 array [out, in]. A tied lm_head must equal the embedding. Raises CheckpointError naming
   a missing, unexpected or mis-shaped tensor by its name in the source (`source_name` of the Hugging Face one)."""
   expected = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-              for path, leaf in jax.tree_util.tree_flatten_with_path(_abstract(config).params)[0]}
+              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_model(decoder.init, config).params)[0]}
   flat, used = {}, set()
   for path, (sources, convert) in hf_tensor_names(config).items():
     missing = [name for name in sources if name not in names]
@@ -134,7 +113,7 @@ def from_hf_tensors(config: decoder.DecoderConfig, names: set[str], read: Callab
   if unexpected:
     raise CheckpointError(f"{where}: unexpected tensors ({len(unexpected)}), is the config the checkpoint's? "
                           f"{', '.join(unexpected[:5])}{' …' if len(unexpected) > 5 else ''}")
-  return _checked(where, config, flat, host=host)
+  return checked_model(where, decoder.init, config, traverse_util.unflatten_dict(flat), host=host)
 
 
 def config_from_hf(hf: Mapping[str, Any], *, max_length: int | None = None) -> decoder.DecoderConfig:
@@ -156,8 +135,9 @@ def config_from_hf(hf: Mapping[str, Any], *, max_length: int | None = None) -> d
                 num_heads=hf["num_attention_heads"],
                 num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
                 head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-                max_len=max_length or hf["max_position_embeddings"], tie_embeddings=hf.get("tie_word_embeddings", True))
-  for ours, theirs in (("rope_theta", "rope_theta"), ("rms_norm_eps", "rms_norm_eps"),
+                max_len=max_length or hf["max_position_embeddings"])
+  for ours, theirs in (("tie_embeddings", "tie_word_embeddings"), ("rope_theta", "rope_theta"),
+                       ("rms_norm_eps", "rms_norm_eps"),
                        ("query_pre_attn_scalar", "query_pre_attn_scalar"), ("sliding_window", "sliding_window"),
                        ("attn_logit_softcap", "attn_logit_softcapping"),
                        ("final_logit_softcap", "final_logit_softcapping")):
@@ -180,9 +160,8 @@ def load_hf_decoder(directory: str, *, max_length: int | None = None, host: bool
   directory = os.path.abspath(directory)
   where = f"Hugging Face checkpoint {directory}"
   try:
-    with open(os.path.join(directory, "config.json")) as f:
-      config = config_from_hf(json.load(f), max_length=max_length)
-  except (OSError, ValueError, KeyError) as e:
+    config = config_from_hf(hf_config(directory), max_length=max_length)
+  except (ValueError, KeyError) as e:
     raise CheckpointError(f"{where}: config.json is not a Gemma 2 or Llama config ({e!r})") from e
   files = safetensors_files(directory)
 
@@ -195,7 +174,7 @@ def load_hf_decoder(directory: str, *, max_length: int | None = None, host: bool
 def load_gemma(path: str, preset: str, *, max_length: int | None = None, host: bool = False) -> decoder.Decoder:
   """A Gemma 2 checkpoint in the `gemma` library's Orbax layout (the released Flax checkpoints: a tree keyed
   'transformer/layer_i/attn/q_einsum' → {'w': …}, 'transformer/layer_i/mlp/gating_einsum' → {'w': …}, …,
-  nested or flat), read without the `gemma` package and laid out input dimension first (`GEMMA_LIBRARY_AXES`).
+  nested or flat), read without the `gemma` package and laid out input dimension first (`decoder.GEMMA_LIBRARY_AXES`).
   `preset` (`gemma2.PRESETS`: gemma2_2b, gemma2_9b, gemma2_27b) gives what the tensors do not (the query scaling,
   the window, the soft caps); the vocabulary is the embedding's rows; `host` as `load_hf_decoder`. Raises
   CheckpointError naming a missing, unexpected or mis-shaped tensor."""
@@ -212,15 +191,14 @@ def load_gemma(path: str, preset: str, *, max_length: int | None = None, host: b
     name = "/".join(keys).removeprefix("transformer/")
     # The gemma library stores the MLP's two weights as modules with one 'w' each.
     name = re.sub(r"/mlp/(gating_einsum|linear)/w$", r"/mlp/\1", name)
-    array = np.asarray(leaf, np.float32)
-    axes = next((axes for suffix, axes in GEMMA_LIBRARY_AXES.items() if name.endswith(suffix)), None)
-    if axes is not None:
-      if array.ndim != len(axes):
-        raise CheckpointError(f"{where}: tensor {name} has shape {array.shape}, not {len(axes)} dimensions")
-      array = array.transpose(axes)
-    flat[tuple(name.split("/"))] = array
+    try:
+      flat[tuple(name.split("/"))] = decoder.from_gemma_library_layout(name, np.asarray(leaf, np.float32))
+    except ValueError as e:   # a transpose of the wrong rank
+      raise CheckpointError(f"{where}: tensor {name} of shape {np.shape(leaf)} is not in the gemma library's "
+                            f"layout ({e})") from None
   embedding = flat.get(("embedder", "input_embedding"))
   if embedding is None:
     raise CheckpointError(f"{where}: tensor transformer/embedder/input_embedding is missing")
   config = gemma2.config(embedding.shape[0], **{**gemma2.PRESETS[preset], "max_len": max_length or 8192})
-  return _checked(f"{where} (preset {preset})", config, flat, host=host)
+  return checked_model(f"{where} (preset {preset})", decoder.init, config, traverse_util.unflatten_dict(flat),
+                       host=host)

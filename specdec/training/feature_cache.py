@@ -14,7 +14,6 @@ weights [N, W] float32 (1 from the prompt's last token on: the response is what 
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -59,9 +58,12 @@ def write_features(out: str, verifier: Any, responses: Sequence[dict], *, max_le
   for shard, start in enumerate(range(0, len(responses), SHARD_ROWS)):
     path = os.path.join(folder, f"shard_{shard:05d}.npz")
     paths.append(path)
-    if os.path.exists(path):
-      continue
-    tokens, weights = rows(responses[start:start + SHARD_ROWS], max_length)
+    records = responses[start:start + SHARD_ROWS]
+    tokens, weights = rows(records, max_length)
+    if os.path.exists(path):   # kept where it holds these very rows (a longer run rewrites its last shard)
+      with np.load(path) as data:
+        if np.array_equal(data["tokens"], tokens) and np.array_equal(data["weights"], weights):
+          continue
     features = np.concatenate([_hidden(verifier, tokens[i:i + batch_size])
                                for i in range(0, len(tokens), batch_size)])
     partial = path + ".partial.npz"
@@ -71,13 +73,10 @@ def write_features(out: str, verifier: Any, responses: Sequence[dict], *, max_le
   return paths
 
 
-def load_shards(out: str) -> list[dict[str, np.ndarray]]:
-  """Every shard under out/features/ (FileNotFoundError naming the folder if there is none)."""
-  paths = sorted(glob.glob(os.path.join(out, FEATURES, "shard_*.npz")))
-  paths = [p for p in paths if not p.endswith(".partial.npz")]
+def load_shards(paths: Sequence[str]) -> list[dict[str, np.ndarray]]:
+  """The shards `write_features` wrote (FileNotFoundError naming a missing one)."""
   if not paths:
-    raise FileNotFoundError(f"no feature shards in {os.path.join(out, FEATURES)}: write them with "
-                            "feature_cache.write_features")
+    raise FileNotFoundError("no feature shards given: write them with feature_cache.write_features")
   shards = []
   for path in paths:
     with np.load(path) as data:
@@ -92,6 +91,8 @@ def cached_batches(shards: Sequence[dict[str, np.ndarray]], *, batch_size: int, 
   W the widest of the batch's shards."""
   rows_of = list(rows_of if rows_of is not None else
                  [(s, r) for s, shard in enumerate(shards) for r in range(shard["tokens"].shape[0])])
+  if len(rows_of) < batch_size:
+    raise ValueError(f"{len(rows_of)} rows make no batch of {batch_size}: give more prompts or a smaller batch_size")
   rng = np.random.default_rng(seed)
   while True:
     order = rng.permutation(len(rows_of))

@@ -224,7 +224,8 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   vocabulary's special tokens (`draft_vocabulary`)."""
   from specdec.data import load_vocabulary
   from specdec.training import feature_cache, self_distill
-  from specdec.training.loading import load_model, resolve
+  from specdec.data.pretrained import resolve
+  from specdec.training.loading import load_model
   start = time.monotonic()
   model = load_model(verifier)
   if os.path.exists(os.path.join(os.path.abspath(out), HEAD_DIRECTORY)):
@@ -248,8 +249,7 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
     self_distill.write_prompts(work_dir, model, vocab, n=prompts, seed=seed, source=source, log=log)
     responses = self_distill.write_responses(work_dir, model, vocab, max_new_tokens=max_new_tokens, seed=seed,
                                              log=log)
-    feature_cache.write_features(work_dir, model, responses, log=log)
-    shards = feature_cache.load_shards(work_dir)
+    shards = feature_cache.load_shards(feature_cache.write_features(work_dir, model, responses, log=log))
     rows = [(s, r) for s, shard in enumerate(shards) for r in range(shard["tokens"].shape[0])]
     cut = len(rows) - max(1, len(rows) // 20)
     batches = feature_cache.cached_batches(shards, batch_size=batch_size, seed=seed, rows_of=rows[:cut])

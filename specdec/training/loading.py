@@ -5,6 +5,7 @@
   a directory with config.json         a Hugging Face save_pretrained directory (`convert.load_hf`: T5, Gemma 2, Llama)
   a pretrained checkpoint's name       its cached file (`data.pretrained`: "smollm2")
   a shipped model's name               data/models/<name> of the checkout or the installed package
+(`data.pretrained.resolve`)
 """
 
 from __future__ import annotations
@@ -13,40 +14,24 @@ import os
 from typing import Any
 
 from specdec import models
-from specdec.data import formats, pretrained, shipped
+from specdec.data import formats, pretrained
 from specdec.training import checkpoint, convert, gguf_checkpoints
 from specdec.training.checkpoint import CheckpointError
 
 
-def resolve(path_or_name: str | os.PathLike) -> str:
-  """The file or directory that `path_or_name` names: itself where it exists (or a gs://… path), else a pretrained
-  checkpoint's cached file (FileNotFoundError naming the command that fetches it when it is not there yet), else
-  a shipped model (data/models/<name>, or a path under the shipped root)."""
-  given = os.fspath(path_or_name)
-  if os.path.exists(given) or "://" in given:
-    return given
-  if given in pretrained.CHECKPOINTS:
-    return str(pretrained.path(given))
-  for folder in (os.path.join("data", "models"), ""):   # a model's name, or its path under the shipped root
-    found = shipped.find(given, folder)
-    if os.path.exists(found):
-      return found
-  return given
-
-
 def load_model(path_or_name: str | os.PathLike, *, dtype: Any = None, max_length: int | None = None,
                host: bool = False) -> Any:
-  """The model at `path_or_name` (`resolve`; the formats in the module docstring), float32 or computing in `dtype`
+  """The model at `path_or_name` (`data.pretrained.resolve`; the formats in the module docstring), float32 or computing in `dtype`
   (`models.with_dtype`). `max_length`: the largest cache length of a GGUF or Hugging Face decoder (default its
   context length); `host`: parameters left in host memory (GGUF, Hugging Face) for `partitioning.shard_model`.
   Raises CheckpointError in one line naming the file and what is wrong."""
-  path = resolve(path_or_name)
+  path = pretrained.resolve(path_or_name)
   if formats.is_gguf(path):
     model = gguf_checkpoints.load_gguf(path, max_length=max_length, host=host)
   elif os.path.isdir(path) and not os.path.exists(os.path.join(path, "model.json")) \
       and os.path.exists(os.path.join(path, "config.json")):
     model = convert.load_hf(path, host=host, **({} if max_length is None else {"max_length": max_length}))
-  elif os.path.isdir(path):
+  elif os.path.isdir(path) or "://" in path:   # gs://…: an export, read through etils.epath
     model = checkpoint.load_export(path)
   else:
     raise CheckpointError(f"{path} is neither a GGUF file nor a model directory (an export with model.json, a "

@@ -94,15 +94,36 @@ def test_an_exported_gemma2_loads_back(tmp_path):
   np.testing.assert_array_equal(back.logits(tokens), model.logits(tokens))
 
 
+def _gemma_library_layout(params):
+  """{path: array} of our parameters laid out as the gemma library lays them out (q_einsum [N, E, H], kv_einsum
+  [2, K, E, H], gating_einsum [2, F, E]; ours are input dimension first)."""
+  library = {"q_einsum": (1, 0, 2), "kv_einsum": (1, 2, 0, 3), "gating_einsum": (1, 2, 0)}   # ours -> theirs
+  return {path: np.asarray(leaf).transpose(next((axes for name, axes in library.items() if name in path),
+                                                tuple(range(np.ndim(leaf)))))
+          for path, leaf in traverse_util.flatten_dict(params).items()}
+
+
+def test_a_gemma2_export_written_before_the_shared_decoder_loads(tmp_path):
+  """Its model.json names no switch and its arrays are in the gemma library's layouts (Gemma2's then)."""
+  model = models.build("gemma2_tiny", vocab_size=16, seed=5, max_length=32)
+  old = model.replace(params=traverse_util.unflatten_dict(_gemma_library_layout(model.params)))
+  save_params(str(tmp_path / "old"), old, preset="gemma2_tiny")
+  spec = json.loads((tmp_path / "old" / "model.json").read_text())
+  for field in ("norm_offset", "post_norms", "activation", "scale_embeddings", "tie_embeddings"):
+    del spec[field]
+  (tmp_path / "old" / "model.json").write_text(json.dumps(spec))
+  back = load_model(str(tmp_path / "old"))
+  assert back.config == model.config
+  tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 16
+  np.testing.assert_array_equal(back.logits(tokens), model.logits(tokens))
+
+
 def test_a_checkpoint_in_the_gemma_librarys_layout_loads(tmp_path):
   """The released Flax checkpoints' Orbax tree: flat keys 'transformer/layer_i/…' holding {'w'} or {'scale'},
   the MLP's weights as modules of one 'w' each, the projections laid out as the library lays them out."""
   model = models.build("gemma2_tiny", vocab_size=16, seed=4)
   stored = {}
-  for path, leaf in traverse_util.flatten_dict(model.params).items():
-    axes = next((axes for suffix, axes in decoder_checkpoints.GEMMA_LIBRARY_AXES.items()
-                 if "/".join(path).endswith(suffix)), None)
-    leaf = np.asarray(leaf) if axes is None else np.asarray(leaf).transpose(np.argsort(axes))
+  for path, leaf in _gemma_library_layout(model.params).items():
     if path[-2] == "mlp":
       stored[f"transformer/{'/'.join(path)}"] = {"w": leaf}
     else:

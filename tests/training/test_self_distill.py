@@ -65,7 +65,7 @@ def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
   paths = feature_cache.write_features(str(tmp_path), verifier, responses, max_length=256, batch_size=4,
                                        log=lambda _: None)
   assert feature_cache.write_features(str(tmp_path), verifier, responses, log=lambda _: None) == paths   # kept
-  shards = feature_cache.load_shards(str(tmp_path))
+  shards = feature_cache.load_shards(paths)
   tokens, weights = shards[0]["tokens"], shards[0]["weights"]
   first = responses[0]
   assert weights[0, len(first["prompt_ids"]) - 1] == 1 and weights[0, len(first["prompt_ids"]) - 2] == 0
@@ -85,3 +85,35 @@ def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
   after = feature_head.evaluate(trained, verifier, [batch])
   assert record["draft_vocabulary"] == V // 2 and trained.draft_ids.shape == (V // 2,)
   assert after["classification"] < before["classification"] and after["regression"] < before["regression"]
+
+
+def test_a_grown_run_rewrites_the_last_shard_and_too_few_rows_are_refused(tmp_path, verifier):
+  responses = _run(tmp_path, verifier, n=8)
+  first = feature_cache.write_features(str(tmp_path), verifier, responses[:5], log=lambda _: None)
+  assert feature_cache.load_shards(first)[0]["tokens"].shape[0] == 5
+  grown = feature_cache.load_shards(feature_cache.write_features(str(tmp_path), verifier, responses,
+                                                                 log=lambda _: None))
+  assert grown[0]["tokens"].shape[0] == 8
+  with pytest.raises(ValueError, match="8 rows make no batch of 16"):
+    next(feature_cache.cached_batches(grown, batch_size=16))
+
+
+def test_an_interrupted_head_training_resumes_from_its_checkpoint(tmp_path, verifier):
+  responses = _run(tmp_path, verifier, n=16)
+  shards = feature_cache.load_shards(feature_cache.write_features(str(tmp_path), verifier, responses,
+                                                                  log=lambda _: None))
+  settings = dict(steps=6, learning_rate=3e-3, warmup_steps=2, save_every=3, log_every=1000, log=lambda _: None)
+  whole, _ = feature_head.train(verifier, feature_cache.cached_batches(shards, batch_size=4), **settings,
+                                checkpoint_dir=str(tmp_path / "whole"))
+
+  def stopping(batches, after):
+    for step, batch in enumerate(batches):
+      if step == after:
+        raise KeyboardInterrupt
+      yield batch
+  with pytest.raises(KeyboardInterrupt):
+    feature_head.train(verifier, stopping(feature_cache.cached_batches(shards, batch_size=4), 4), **settings,
+                       checkpoint_dir=str(tmp_path / "cut"))
+  resumed, _ = feature_head.train(verifier, feature_cache.cached_batches(shards, batch_size=4), **settings,
+                                  checkpoint_dir=str(tmp_path / "cut"))
+  jax.tree.map(np.testing.assert_array_equal, resumed.params, whole.params)

@@ -6,6 +6,7 @@ import gc
 import importlib.util
 import itertools
 import logging
+import json
 import os
 import pathlib
 import shutil
@@ -254,6 +255,15 @@ def test_exported_model_gives_identical_logits(uninterrupted, tmp_path):
   (tmp_path / "bf16" / "model.json").unlink()
   with pytest.raises(training.CheckpointError, match="not an exported model"):
     training.load_model(str(tmp_path / "bf16"))
+
+
+def test_an_export_with_the_config_fields_older_names_loads(tmp_path):
+  """model.json written when the transformer's fields were emb_dim and mlp_dim (the shipped exports' names)."""
+  directory = _tiny_export(tmp_path / "old")
+  spec = json.loads((directory / "model.json").read_text())
+  spec["emb_dim"], spec["mlp_dim"] = spec.pop("embed_dim"), spec.pop("hidden_dim")
+  (directory / "model.json").write_text(json.dumps(spec))
+  assert training.load_model(str(directory)).config == models.build("tiny", vocab_size=V, max_length=64).config
 
 
 def _tiny_export(directory: pathlib.Path, edit=lambda params: None) -> pathlib.Path:
