@@ -16,6 +16,7 @@ from specdec import decoding, models
 from specdec.models import gemma2, partitioning
 from specdec.training import CheckpointError, convert, decoder_checkpoints, load_model, save_params
 from tests.backends import tolerance
+from tests.model_contract import assert_greedy_decoding_is_the_verifiers
 from tests.stats import assert_law, sequence_codes, sequence_law
 
 HF_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -149,13 +150,7 @@ def _pair(vocab: int, window: int, scale: float = 1.0, max_length: int = 64) -> 
 def test_greedy_decoding_with_a_gemma2_pair_is_the_verifiers_greedy(method, params):
   """Ragged prompts, 24 new tokens: decoding runs far past the window of 4."""
   drafter, verifier = _pair(32, window=4)
-  rng = np.random.default_rng(0)
-  prompts, lengths = jnp.asarray(rng.integers(0, 32, (3, 7)), jnp.int32), jnp.asarray([7, 2, 5], jnp.int32)
-  kw = dict(temperature=0.0, max_new_tokens=24, eos_id=None)
-  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive", **kw)
-  got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method=method, **params, **kw)
-  np.testing.assert_array_equal(got.tokens, want.tokens)
-  assert int(np.sum(got.stats.accepted)) > 0
+  assert_greedy_decoding_is_the_verifiers(drafter, verifier, method, params, vocab_size=32)
 
 
 @pytest.mark.parametrize("method, params", [("speculative", dict(gamma=2)),

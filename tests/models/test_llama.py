@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import decoding, models
+from specdec import models
 from specdec.models import llama, partitioning
 from specdec.training import CheckpointError, gguf_checkpoints, load_model, save_gguf
+from tests.model_contract import assert_greedy_decoding_is_the_verifiers
 
 # Rows of 256 values: the K-quants' blocks.
 CONFIG = llama.config(64, embed_dim=256, hidden_dim=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
@@ -187,13 +188,7 @@ def test_rotary_row_orders_are_inverse():
 @pytest.mark.parametrize("method, params", [("speculative", dict(gamma=3)), ("spectr", dict(num_drafts=2, gamma=2))])
 def test_greedy_decoding_with_a_llama_pair_is_the_verifiers_greedy(method, params):
   drafter, verifier = (models.build("llama_tiny", vocab_size=32, seed=seed, max_length=64) for seed in (1, 2))
-  rng = np.random.default_rng(0)
-  prompts, lengths = jnp.asarray(rng.integers(0, 32, (3, 7)), jnp.int32), jnp.asarray([7, 2, 5], jnp.int32)
-  kw = dict(temperature=0.0, max_new_tokens=24, eos_id=None)
-  want = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompts, lengths, method="autoregressive", **kw)
-  got = decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, lengths, method=method, **params, **kw)
-  np.testing.assert_array_equal(got.tokens, want.tokens)
-  assert int(np.sum(got.stats.accepted)) > 0
+  assert_greedy_decoding_is_the_verifiers(drafter, verifier, method, params, vocab_size=32)
 
 
 def test_every_llama_parameter_has_logical_axes():
