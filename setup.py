@@ -22,7 +22,7 @@ setup(
     description="Speculative decoding, speculative cascades, SpecTr, CS Drafting and SpecDec++ in JAX",
     packages=find_packages(include=["specdec", "specdec.*"]),
     package_data={"specdec.cli": ["registry.json"]},   # the commands' options, read before JAX is imported
-    python_requires=">=3.10",
+    python_requires=">=3.11",   # the pinned etils[epath] (constraints.txt) requires it
     data_files=_shipped_files("data", "configs"),
     entry_points={"console_scripts": [
         f"specdec-{name}=specdec.cli.{name}:console" for name in ("generate", "sweep", "plot", "train", "plan", "bench")]},
