@@ -122,7 +122,8 @@ def _parser() -> cli.ArgumentParser:
   models.add_argument("--verifier", required=True, metavar="MODEL", help="the verifier: an exported model directory, "
                       "a Hugging Face save_pretrained directory (T5, Gemma 2, Llama), a GGUF file, or a shipped or "
                       "pretrained model's name (debian_verifier, smollm2)")
-  models.add_argument("--drafter", metavar="DIR", help="the drafter (every method but autoregressive)")
+  models.add_argument("--drafter", metavar="DIR", help="the drafter (every method but autoregressive; default for "
+                      "--verifier smollm2: the shipped head trained for it, smollm2_eagle)")
   models.add_argument("--head", metavar="DIR", help="a directory holding the parts of the drafter's export that "
                       + ", ".join(f"{name} reads ({', '.join(m['export_parts'])}/)"
                                   for name, m in table["methods"].items() if m["export_parts"])
@@ -255,7 +256,10 @@ def _drafter_directories(args: argparse.Namespace) -> tuple[str | None, str | No
       _note(f"{' and '.join(ignored)} ignored: --method {args.method} decodes with the verifier alone")
     return None, None
   if not args.drafter:
-    raise ValueError(f"--method {args.method} needs --drafter DIR")
+    args.drafter = pretrained.default_drafter(args.verifier)
+    if not args.drafter:
+      raise ValueError(f"--method {args.method} needs --drafter DIR")
+    _note(f"--drafter {args.drafter}: the shipped drafter for {args.verifier}")
   if args.head and not method["export_parts"]:
     users = [name for name, m in table["methods"].items() if m["export_parts"]]
     raise ValueError(f"--head is used by --method {' or '.join(users)} only, not {args.method}")

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import gguf
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 CONTROL, USER_DEFINED = 3, 4
@@ -160,6 +161,19 @@ class GGUFVocabulary:
 
   def __repr__(self) -> str:
     return f"GGUFVocabulary({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def chat_batch(vocab: "GGUFVocabulary", texts: Sequence[str], width_step: int = 64) -> tuple[np.ndarray, np.ndarray]:
+  """Texts as user turns of the vocabulary's chat template: ids [B, W] (zeros after each row's end; W a multiple of
+  `width_step`: few compiled widths) and lengths [B]. ValueError for a vocabulary without a chat template."""
+  if vocab.chat_template is None:
+    raise ValueError(f"{vocab!r} has no chat template: an instruct model's GGUF file carries one")
+  ids = [vocab.prompt_start + vocab.encode(vocab.format_chat([{"role": "user", "content": text}])) for text in texts]
+  width = -(-max(map(len, ids)) // width_step) * width_step
+  prompts = np.zeros((len(ids), width), np.int32)
+  for row, row_ids in enumerate(ids):
+    prompts[row, :len(row_ids)] = row_ids
+  return prompts, np.asarray([len(row_ids) for row_ids in ids], np.int32)
 
 
 def _render(template: str, **variables) -> str:

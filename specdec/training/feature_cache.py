@@ -24,6 +24,8 @@ import numpy as np
 
 FEATURES = "features"
 SHARD_ROWS = 64
+LENGTH_GROUP = 16   # batches whose rows are sorted by length together (`cached_batches`)
+WIDTH_STEP = 32     # batch widths are multiples of it: few compiled programs
 
 
 def _hidden(verifier: Any, tokens: np.ndarray) -> np.ndarray:
@@ -87,21 +89,38 @@ def load_shards(paths: Sequence[str]) -> list[dict[str, np.ndarray]]:
 def cached_batches(shards: Sequence[dict[str, np.ndarray]], *, batch_size: int, seed: int = 0,
                    rows_of: Sequence[tuple[int, int]] | None = None) -> Iterator[dict[str, np.ndarray]]:
   """Endless batches of `batch_size` rows drawn without replacement, epoch by epoch (`seed`), from the shards'
-  rows (or the (shard, row) pairs `rows_of`): {'inputs' [B, W], 'weights' [B, W], 'features' [B, W, E] float32},
-  W the widest of the batch's shards."""
+  rows (or the (shard, row) pairs `rows_of`): {'inputs' [B, W], 'weights' [B, W], 'features' [B, W, E] float32}.
+
+  Rows of like length go together (each run of LENGTH_GROUP batches of the epoch's order is sorted by length, and
+  its batches shuffled), and W is the batch's longest row (to its last response token) rounded up to WIDTH_STEP:
+  a shard is as wide as its longest row, and most rows are far shorter."""
   rows_of = list(rows_of if rows_of is not None else
                  [(s, r) for s, shard in enumerate(shards) for r in range(shard["tokens"].shape[0])])
   if len(rows_of) < batch_size:
     raise ValueError(f"{len(rows_of)} rows make no batch of {batch_size}: give more prompts or a smaller batch_size")
+  lengths = np.array([_length(shards[s]["weights"][r]) for s, r in rows_of])
   rng = np.random.default_rng(seed)
   while True:
-    order = rng.permutation(len(rows_of))
-    for start in range(0, len(order) - batch_size + 1, batch_size):
-      picked = [rows_of[i] for i in order[start:start + batch_size]]
-      width = max(shards[s]["tokens"].shape[1] for s, _ in picked)
+    order = rng.permutation(len(rows_of))[:len(rows_of) // batch_size * batch_size]
+    batches = []
+    for start in range(0, len(order), LENGTH_GROUP * batch_size):
+      group = order[start:start + LENGTH_GROUP * batch_size]
+      group = group[np.argsort(lengths[group], kind="stable")]
+      batches += [group[i:i + batch_size] for i in rng.permutation(range(0, len(group), batch_size))]
+    for batch in batches:
+      picked = [rows_of[i] for i in batch]
+      width = min(-(-max(lengths[batch].max(), 1) // WIDTH_STEP) * WIDTH_STEP,
+                  max(shards[s]["tokens"].shape[1] for s, _ in picked))
 
       def stack(name: str, dtype: Any) -> np.ndarray:
-        return np.stack([np.pad(shards[s][name][r], [(0, width - shards[s][name].shape[1])]
-                                + [(0, 0)] * (shards[s][name].ndim - 2)) for s, r in picked]).astype(dtype)
+        rows = [shards[s][name][r][:width] for s, r in picked]
+        return np.stack([np.pad(row, [(0, width - row.shape[0])] + [(0, 0)] * (row.ndim - 1))
+                         for row in rows]).astype(dtype)
       yield {"inputs": stack("tokens", np.int32), "weights": stack("weights", np.float32),
              "features": stack("features", np.float32)}
+
+
+def _length(weights: np.ndarray) -> int:
+  """A row's length up to its last response token (0 if it has none)."""
+  nonzero = np.flatnonzero(weights)
+  return int(nonzero[-1]) + 1 if nonzero.size else 0

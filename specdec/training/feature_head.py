@@ -45,6 +45,10 @@ HEAD_DIRECTORY = "feature_head"
 HEAD_JSON = "head.json"
 # EAGLE §3.2: L = L_reg + w_cls · L_cls, w_cls = 0.1; input-feature noise U(−0.1, 0.1).
 REGRESSION_WEIGHT, CLASSIFICATION_WEIGHT, NOISE = 1.0, 0.1, 0.1
+# The weight of an unrolled pass r's losses: UNROLL_DECAY^(r−1) (later drafts matter less: they count only where
+# the earlier ones were accepted).
+UNROLL_DECAY = 0.8
+EVAL_UNROLL = 3   # held-out agreement is reported for the head's first three drafts
 
 
 def _smooth_l1(x: Array) -> Array:
@@ -53,37 +57,49 @@ def _smooth_l1(x: Array) -> Array:
 
 
 def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights: Array, key: Array | None,
-           noise: float, features: Array | None = None) -> dict[str, Array]:
+           noise: float, features: Array | None = None, unroll: int = 1) -> dict[str, Array]:
   """Weighted sums over positions 1 … L−1 of rows inputs [B, L] (weights [B, L]: 1 on real tokens): the
   regression and classification losses, the head's top-1 agreement with the verifier, and the count.
   `features` [B, L, E]: the verifier's, cached (`feature_cache`); None: computed here. With a draft vocabulary
   (`head.draft_ids`) both distributions are over its tokens (the verifier's renormalised to them): the q the
-  head drafts from."""
+  head drafts from. `unroll` s > 1: EAGLE-3's training-time test (`FeatureHead.predict_unrolled`), pass r's
+  losses weighted UNROLL_DECAY^(r−1) and its agreement as top1_agreement_r (the head's r-th draft reading its own
+  earlier ones; pass 1 is EAGLE's loss)."""
   if features is None:
     _, features = verifier.logits(inputs, return_hidden=True)
   features = jax.lax.stop_gradient(features.astype(jnp.float32))
   previous = features[:, :-1]
   if key is not None and noise:
     previous = previous + jax.random.uniform(key, previous.shape, minval=-noise, maxval=noise)
-  predicted = head.replace(params=params).predict(previous, verifier.token_embeddings(inputs[:, 1:]))
+  passes = head.replace(params=params).predict_unrolled(previous, verifier.token_embeddings(inputs[:, 1:]), unroll)
   target = features[:, 1:]
-  mask = weights[:, 1:] * weights[:, :-1]
-  regression = jnp.mean(_smooth_l1(predicted - target), axis=-1)
   table = None if head.draft_ids is None else jnp.take(verifier.output_table(), head.draft_ids, axis=0)
   target_logits = jax.lax.stop_gradient(verifier.output_logits(target, table))
-  predicted_logits = verifier.output_logits(predicted, table)
-  classification = -jnp.sum(jax.nn.softmax(target_logits) * jax.nn.log_softmax(predicted_logits), axis=-1)
-  agree = jnp.argmax(predicted_logits, -1) == jnp.argmax(target_logits, -1)
-  return {"regression": jnp.sum(regression * mask), "classification": jnp.sum(classification * mask),
-          "top1_agreement": jnp.sum(agree * mask), "tokens": jnp.sum(mask)}
+  target_top1 = jnp.argmax(target_logits, -1)
+  target_probabilities = jax.nn.softmax(target_logits)
+  mask = weights[:, 1:] * weights[:, :-1]
+  sums = {"regression": 0.0, "classification": 0.0}
+  for step in range(unroll):
+    predicted = passes[step]
+    step_mask = mask * (jnp.arange(mask.shape[1]) >= step)
+    weight = UNROLL_DECAY ** step
+    predicted_logits = verifier.output_logits(predicted, table)
+    regression = jnp.mean(_smooth_l1(predicted - target), axis=-1)
+    classification = -jnp.sum(target_probabilities * jax.nn.log_softmax(predicted_logits), axis=-1)
+    sums["regression"] += weight * jnp.sum(regression * step_mask)
+    sums["classification"] += weight * jnp.sum(classification * step_mask)
+    agree = jnp.sum((jnp.argmax(predicted_logits, -1) == target_top1) * step_mask)
+    sums["top1_agreement" if step == 0 else f"top1_agreement_{step + 1}"] = agree
+  return sums | {"tokens": jnp.sum(mask)}
 
 
-@functools.partial(jax.jit, donate_argnums=0, static_argnames=("noise",))
+@functools.partial(jax.jit, donate_argnums=0, static_argnames=("noise", "unroll"))
 def train_step(state: TrainState, head: FeatureHead, verifier: Any, batch: dict[str, Array], key: Array,
-               noise: float = NOISE) -> tuple[TrainState, dict[str, Array]]:
-  """One AdamW step on L = L_reg + 0.1·L_cls (per-token means)."""
+               noise: float = NOISE, unroll: int = 1) -> tuple[TrainState, dict[str, Array]]:
+  """One AdamW step on L = L_reg + 0.1·L_cls (per-token means; summed over `unroll` passes, `losses`)."""
   def loss(params):
-    sums = losses(params, head, verifier, batch["inputs"], batch["weights"], key, noise, batch.get("features"))
+    sums = losses(params, head, verifier, batch["inputs"], batch["weights"], key, noise, batch.get("features"),
+                  unroll)
     total = (REGRESSION_WEIGHT * sums["regression"] + CLASSIFICATION_WEIGHT * sums["classification"])
     return total / jnp.maximum(sums["tokens"], 1.0), sums
 
@@ -91,16 +107,18 @@ def train_step(state: TrainState, head: FeatureHead, verifier: Any, batch: dict[
   return apply_gradients(state, grads, sums)
 
 
-@jax.jit
-def eval_sums(params: Any, head: FeatureHead, verifier: Any, batch: dict[str, Array]) -> dict[str, Array]:
-  return losses(params, head, verifier, batch["inputs"], batch["weights"], None, 0.0, batch.get("features"))
+@functools.partial(jax.jit, static_argnames=("unroll",))
+def eval_sums(params: Any, head: FeatureHead, verifier: Any, batch: dict[str, Array], unroll: int = 1
+              ) -> dict[str, Array]:
+  return losses(params, head, verifier, batch["inputs"], batch["weights"], None, 0.0, batch.get("features"), unroll)
 
 
-def evaluate(head: FeatureHead, verifier: Any, batches) -> dict[str, float]:
-  """Per-token regression and classification losses and top-1 agreement over `batches`."""
+def evaluate(head: FeatureHead, verifier: Any, batches, unroll: int = 1) -> dict[str, float]:
+  """Per-token regression and classification losses and top-1 agreement over `batches` (with `unroll` > 1 also
+  the agreement of the head's r-th draft on its own earlier ones, top1_agreement_r: `losses`)."""
   totals: dict[str, float] = {}
   for batch in batches:
-    for name, value in eval_sums(head.params, head, verifier, batch).items():
+    for name, value in eval_sums(head.params, head, verifier, batch, unroll).items():
       totals[name] = totals.get(name, 0.0) + float(value)
   tokens = max(totals.pop("tokens", 0.0), 1.0)
   return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
@@ -108,7 +126,8 @@ def evaluate(head: FeatureHead, verifier: Any, batches) -> dict[str, float]:
 
 def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int, learning_rate: float = 1e-3,
           warmup_steps: int = 100, seed: int = 0, num_heads: int = 4, noise: float = NOISE,
-          draft_ids: Any = None, checkpoint_dir: str | None = None, save_every: int = 200, log_every: int = 100,
+          draft_ids: Any = None, unroll: int = 1, checkpoint_dir: str | None = None, save_every: int = 200,
+          log_every: int = 100,
           log=print) -> tuple[FeatureHead, dict[str, Any]]:
   """A head for `verifier` trained `steps` AdamW steps on `batches` ({'inputs', 'weights'} rows, and the
   verifier's cached 'features' where a `feature_cache` gives them), drafting among `draft_ids` (a draft
@@ -125,7 +144,7 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
   checkpoints, first = None, 0
   if checkpoint_dir:
     metadata = {"head": dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name},
-                "steps": steps, "learning_rate": learning_rate, "seed": seed,
+                "steps": steps, "learning_rate": learning_rate, "seed": seed, "unroll": unroll,
                 "draft_vocabulary": None if draft_ids is None else np.asarray(draft_ids).tolist()}
     restored = checkpoint.restore_latest(checkpoint_dir, state, expected=metadata)
     if restored is not None:
@@ -138,18 +157,19 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
   for step in range(first, steps):
     batch = next(batches)
     state, metrics = train_step(state, head, verifier, {k: jnp.asarray(v) for k, v in batch.items()},
-                                jax.random.fold_in(key, step), noise=noise)
+                                jax.random.fold_in(key, step), noise=noise, unroll=unroll)
     if (step + 1) % log_every == 0 or step + 1 == steps:
       metrics = {name: float(value) for name, value in metrics.items()}
       log(f"step {step + 1}/{steps}: regression {metrics['regression']:.4f} classification "
-          f"{metrics['classification']:.4f} top-1 agreement {metrics['top1_agreement']:.3f} "
-          f"({time.monotonic() - start:.0f} s)")
+          f"{metrics['classification']:.4f} top-1 agreement {metrics['top1_agreement']:.3f}"
+          + "".join(f", draft {r} {metrics[f'top1_agreement_{r}']:.3f}" for r in range(2, unroll + 1))
+          + f" ({time.monotonic() - start:.0f} s)")
     if checkpoints is not None:
       checkpoints.save(step + 1, state, data_offset=step + 1, force=step + 1 == steps)
   if checkpoints is not None:
     checkpoints.close()
   record = {"steps": steps, "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed,
-            "draft_vocabulary": None if draft_ids is None else len(draft_ids),
+            "unroll": unroll, "draft_vocabulary": None if draft_ids is None else len(draft_ids),
             "noise": noise, "regression_weight": REGRESSION_WEIGHT,
             "classification_weight": CLASSIFICATION_WEIGHT, "last_metrics": metrics,
             "seconds": time.monotonic() - start}
@@ -210,7 +230,7 @@ def load_head(directory: str) -> FeatureHead:
 def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,
                    learning_rate: float = 1e-3, seed: int = 0, eval_batches: int = 20, source: str = "auto",
                    data: str = "debian", prompts: int = 2000, max_new_tokens: int = 192, draft_vocabulary_size: int = 0,
-                   work_dir: str | None = None, command: str = "", log=print) -> str:
+                   unroll: int = 1, work_dir: str | None = None, command: str = "", log=print) -> str:
   """The recipe: a head for the verifier `verifier` (`loading.load_model`: an export, a GGUF file, smollm2), trained
   `steps` steps and written to `out`/feature_head/ with its training record (settings, losses, top-1 agreement with
   the verifier on `eval_batches` held-out batches, seconds, `command`). Returns the head's path.
@@ -221,7 +241,8 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   each), its features computed once and cached (`feature_cache`), all in `work_dir` (default out/self_distilled;
   every stage, training included, resumes where an interrupted run stopped); the last 5 % of the rows are held out.
   `draft_vocabulary_size` k > 0: the head drafts among the k most frequent tokens of its training text, EOS and the
-  vocabulary's special tokens (`draft_vocabulary`)."""
+  vocabulary's special tokens (`draft_vocabulary`). `unroll` > 1: EAGLE-3's training-time test over that many
+  drafts (`losses`); the held-out record gives the agreement of the first EVAL_UNROLL drafts either way."""
   from specdec.data import load_vocabulary
   from specdec.training import feature_cache, self_distill
   from specdec.data.pretrained import resolve
@@ -264,8 +285,8 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   if draft_vocabulary_size:
     draft_ids = draft_vocabulary(counts[:model.vocab_size], draft_vocabulary_size, always=vocab.special_ids)
   head, record = train(model, batches, steps=steps, learning_rate=learning_rate, seed=seed, draft_ids=draft_ids,
-                       checkpoint_dir=checkpoint_dir, log=log)
-  record["validation"] = evaluate(head, model, held_out)
+                       unroll=unroll, checkpoint_dir=checkpoint_dir, log=log)
+  record["validation"] = evaluate(head, model, held_out, unroll=max(unroll, EVAL_UNROLL))
   record.update(verifier=os.path.normpath(verifier), data=data, batch_size=batch_size, seq_len=seq_len,
                 prompts=prompts if data == "self_distilled" else None, command=command,
                 backend=jax.default_backend(), wall_seconds=time.monotonic() - start)

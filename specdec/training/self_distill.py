@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import decoding
-from specdec.data import debian, shipped
+from specdec.data import debian, gguf_vocab, shipped
 
 PROMPTS, RESPONSES = "prompts.jsonl", "responses.jsonl"
 SELF_WRITTEN = "self_written"
@@ -71,22 +71,12 @@ def templated_prompt(kind: str, rng: random.Random, seeds: dict[str, list[str]],
   raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
 
 
-def _chat_batch(vocab: Any, texts: Sequence[str], width_step: int = 64) -> tuple[np.ndarray, np.ndarray]:
-  """Texts as user turns of the chat template, ids [B, W] (W a multiple of `width_step`: few compiled widths)."""
-  ids = [vocab.prompt_start + vocab.encode(vocab.format_chat([{"role": "user", "content": text}])) for text in texts]
-  width = -(-max(map(len, ids)) // width_step) * width_step
-  prompts = np.zeros((len(ids), width), np.int32)
-  for row, row_ids in enumerate(ids):
-    prompts[row, :len(row_ids)] = row_ids
-  return prompts, np.asarray([len(row_ids) for row_ids in ids], np.int32)
-
-
 def answer(verifier: Any, vocab: Any, texts: Sequence[str], *, temperature: float, max_new_tokens: int, seed: int,
            batch_size: int) -> list[tuple[list[int], list[int]]]:
   """(prompt ids, response ids) of each text answered by `verifier` through the chat template, up to and without
   EOS. The batch is padded to `batch_size` rows (one compiled program per prompt width)."""
   padded = list(texts) + [texts[-1]] * (batch_size - len(texts))
-  prompts, lengths = _chat_batch(vocab, padded)
+  prompts, lengths = gguf_vocab.chat_batch(vocab, padded)
   out = decoding.generate(jax.random.PRNGKey(seed), None, verifier, jnp.asarray(prompts), jnp.asarray(lengths),
                           method="autoregressive", temperature=temperature, max_new_tokens=max_new_tokens,
                           eos_id=vocab.eos_id)

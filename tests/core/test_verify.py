@@ -15,22 +15,27 @@ GAMMA = 3
 V = 5
 
 
-def _block(rule, seed, temperature=1.0, top_p=1.0):
-  """One block's q [γ, V] and π [γ+1, V] (different per position), from random logits.
+def _block(rule, seed, temperature=1.0, top_p=1.0, draft_ids=None):
+  """One block's q [γ, V] and π [γ+1, V] (different per position), from random logits; with `draft_ids`, q as a
+  head with that draft vocabulary drafts (FR-Spec): 0 outside those tokens.
 
   The first seed from `seed` on whose block has π ≠ q at some draft position is used, so that the
-  block can reject (a cascade rule may by chance defer nowhere).
+  block can reject (a cascade rule may by chance defer nowhere), and whose whole block is accepted with
+  probability ≥ 1 % (Π_j Σ_v min(q_j, π_j)), so that the bonus token is drawn often enough to test.
   """
   while True:
-    q, pi = _random_block(rule, seed, temperature, top_p)
-    if np.abs(np.asarray(pi[:GAMMA] - q)).max() > 1e-3:
+    q, pi = _random_block(rule, seed, temperature, top_p, draft_ids)
+    whole_block = np.prod(np.sum(np.minimum(np.asarray(q), np.asarray(pi[:GAMMA])), -1))
+    if np.abs(np.asarray(pi[:GAMMA] - q)).max() > 1e-3 and whole_block >= 0.01:
       return q, pi
     seed += 1
 
 
-def _random_block(rule, seed, temperature, top_p):
+def _random_block(rule, seed, temperature, top_p, draft_ids=None):
   rng = np.random.default_rng(seed)
   lq = jnp.asarray(rng.normal(size=(GAMMA + 1, V)), jnp.float32)
+  if draft_ids is not None:
+    lq = jnp.where(jnp.isin(jnp.arange(V), jnp.asarray(draft_ids)), lq, jnp.finfo(jnp.float32).min)
   lp = jnp.asarray(rng.normal(size=(GAMMA + 1, V)), jnp.float32)
   q, p = sampling.transform(lq, temperature, top_p), sampling.transform(lp, temperature, top_p)
   # One α per position, spread over the rule's range, so that cascade rules defer at some positions.
@@ -54,16 +59,29 @@ def _run(q, pi, key):
 
 
 @pytest.mark.parametrize("rule", targets.RULES)
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_monte_carlo_law_per_position(rule, temperature, top_p):
+@pytest.mark.parametrize("temperature, top_p, draft_ids", [(1.0, 1.0, None), (0.7, 0.9, None), (1.0, 1.0, (0, 2)),
+                                                           (0.7, 0.9, (0, 1, 3, 4))])
+def test_monte_carlo_law_per_position(rule, temperature, top_p, draft_ids):
   """Given the first j drafts accepted, the token at position j follows the verification law π_j,
-  and P(n_accepted ≥ j) = Π_{i<j} Σ_v min(q_i, π_i)."""
-  seed = zlib.crc32(f"{rule}/{temperature}/{top_p}".encode())
-  q, pi = _block(rule, seed=seed, temperature=temperature, top_p=top_p)
+  and P(n_accepted ≥ j) = Π_{i<j} Σ_v min(q_i, π_i). With a draft vocabulary (q = 0 outside `draft_ids`) too: the
+  other tokens come from the residual, and the law, enumerated exactly, is still π_j for every lossless rule."""
+  seed = zlib.crc32(f"{rule}/{temperature}/{top_p}/{draft_ids}".encode())
+  q, pi = _block(rule, seed=seed, temperature=temperature, top_p=top_p, draft_ids=draft_ids)
   drafts, n_acc, nxt = _run(q, pi, jax.random.PRNGKey(seed))
   laws = np.asarray(verify.verification_law(q, pi[:GAMMA]))
+  # The law by enumeration: draft x ~ q, kept with min(1, π(x)/q(x)), else a draw from the residual (π − q)+.
+  q64, pi64 = np.asarray(q, np.float64), np.asarray(pi[:GAMMA], np.float64)
+  residual = np.maximum(pi64 - q64, 0.0)
+  enumerated = np.minimum(q64, pi64) + (1 - np.minimum(q64, pi64).sum(-1, keepdims=True)) * residual / np.maximum(
+      residual.sum(-1, keepdims=True), 1e-30)
   if rule != "lossy":
     np.testing.assert_allclose(laws, pi[:GAMMA], atol=1e-6)
+    np.testing.assert_allclose(enumerated, pi64, atol=1e-6)
+  if draft_ids is not None:
+    outside = np.setdiff1d(np.arange(V), draft_ids)
+    assert np.all(np.asarray(q)[:, outside] == 0) and np.isin(drafts, draft_ids).all()
+    if pi64[:, outside].sum() > 0.05:   # (under top-P π may hold none of them)
+      assert np.isin(nxt, outside).any(), "the residual must emit tokens outside the draft vocabulary"
   accept_rate = np.sum(np.minimum(q, pi[:GAMMA]), -1)
   reach = 1.0
   for j in range(GAMMA + 1):

@@ -39,19 +39,20 @@ def _drafter(verifier, seed=0, scale=3.0):
 TEACHER_WIDTH = 16
 
 
-def _teacher_forced_q(drafter, tokens):
-  """q of the token after tokens [1, n] as the head predicts it from the verifier's real features. The
-  tokens are padded on the right to TEACHER_WIDTH: the verifier and the head are causal, so the padding
-  changes no position up to n − 1, and every call has one shape (its eager ops compile once, not once per n)."""
+def _teacher_forced_q(drafter, tokens, draft=1):
+  """q of draft `draft` r after tokens [1, n] (the first n − r + 1 committed, then the r − 1 drafts before it) as
+  the head predicts it in training: pass r of `predict_unrolled` on the verifier's real features (pass 1:
+  teacher-forced). The tokens are padded on the right to TEACHER_WIDTH: the verifier and the head are causal, so
+  the padding changes no position up to n − 1, and every call has one shape (its eager ops compile once)."""
   verifier, n = drafter.verifier, tokens.shape[1]
   padded = jnp.pad(tokens, ((0, 0), (0, TEACHER_WIDTH - n)))
   _, hidden = verifier.logits(padded, return_hidden=True)
-  predicted = drafter.head.predict(hidden, verifier.token_embeddings(jnp.roll(padded, -1, axis=1)))
+  passes = drafter.head.predict_unrolled(hidden, verifier.token_embeddings(jnp.roll(padded, -1, axis=1)), draft)
   # position t pairs (f_t, x_{t+1}); the last real pair is (f_{n-2}, x_{n-1}) -> predicts x_n
-  return jax.nn.softmax(verifier.output_logits(predicted[:, n - 2:n - 1])[:, 0])
+  return jax.nn.softmax(verifier.output_logits(passes[draft - 1][:, n - 2:n - 1])[:, 0])
 
 
-def test_the_first_draft_of_every_block_reads_the_verifiers_real_features():
+def test_every_draft_of_every_block_is_what_training_unrolls():
   verifier = _verifier(vocab=16)
   drafter = _drafter(verifier)
   prompt = jnp.asarray([[3, 7, 1, 12, 5]], jnp.int32)
@@ -69,6 +70,10 @@ def test_the_first_draft_of_every_block_reads_the_verifiers_real_features():
     # The cached and the teacher-forced path round apart (1e-5 at these peaked logits); a stale or
     # predicted feature moves q by far more.
     np.testing.assert_allclose(draft.q_raw[:, 0], _teacher_forced_q(drafter, sequence), atol=1e-4)
+    # Later drafts read the head's own predictions: training's unrolled passes (EAGLE-3's training-time test).
+    for r in (2, 3):
+      drafted = jnp.concatenate([sequence, draft.tokens[:, :r - 1]], axis=1)
+      np.testing.assert_allclose(draft.q_raw[:, r - 1], _teacher_forced_q(drafter, drafted, r), atol=1e-4)
     block = jnp.concatenate([last[:, None], draft.tokens], axis=1)
     scored = verifier.score(cache, block)
     cache, hidden = scored.cache, scored.hidden

@@ -72,18 +72,29 @@ def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
   _, hidden = verifier.logits(jnp.asarray(tokens[:2]), return_hidden=True)
   np.testing.assert_allclose(shards[0]["features"][:2], np.asarray(hidden), rtol=2e-3, atol=2e-3)
   batches = feature_cache.cached_batches(shards, batch_size=4, seed=0)
-  batch = next(batches)
+  epoch = [next(batches) for _ in range(4)]   # 16 rows: one epoch, every response token once, padding cut
+  assert sum(b["weights"].sum() for b in epoch) == sum(shard["weights"].sum() for shard in shards)
+  for b in epoch:
+    length = max((np.flatnonzero(row)[-1] + 1 for row in b["weights"] if row.any()), default=1)
+    assert b["inputs"].shape[1] == min(-(-length // feature_cache.WIDTH_STEP) * feature_cache.WIDTH_STEP,
+                                       tokens.shape[1])
+  batch = epoch[0]
   head = feature_head.init(verifier, jax.random.PRNGKey(0)).with_draft_vocabulary(np.arange(0, V, 2))
   cached = feature_head.losses(head.params, head, verifier, batch["inputs"], batch["weights"], None, 0.0,
                                batch["features"])
   computed = feature_head.losses(head.params, head, verifier, batch["inputs"], batch["weights"], None, 0.0)
   for name in ("regression", "classification"):
     np.testing.assert_allclose(cached[name], computed[name], rtol=1e-2)
+  # EAGLE-3's training-time test: pass 1 is the loss above, pass 2 (the second draft) adds 0.8 of its own.
+  unrolled = feature_head.losses(head.params, head, verifier, batch["inputs"], batch["weights"], None, 0.0,
+                                 batch["features"], unroll=2)
+  np.testing.assert_allclose(unrolled["top1_agreement"], cached["top1_agreement"])
+  assert unrolled["regression"] > cached["regression"] and 0 <= unrolled["top1_agreement_2"] <= cached["tokens"]
   before = feature_head.evaluate(head, verifier, [batch])
   trained, record = feature_head.train(verifier, batches, steps=60, learning_rate=3e-3, warmup_steps=5,
-                                       draft_ids=np.arange(0, V, 2), log_every=1000, log=lambda _: None)
+                                       draft_ids=np.arange(0, V, 2), unroll=2, log_every=1000, log=lambda _: None)
   after = feature_head.evaluate(trained, verifier, [batch])
-  assert record["draft_vocabulary"] == V // 2 and trained.draft_ids.shape == (V // 2,)
+  assert record["draft_vocabulary"] == V // 2 and record["unroll"] == 2 and trained.draft_ids.shape == (V // 2,)
   assert after["classification"] < before["classification"] and after["regression"] < before["regression"]
 
 

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import decoding, models, theory
-from specdec.data import load_vocabulary, tasks
+from specdec.data import gguf_vocab, load_vocabulary, pretrained, tasks
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.evaluation import bench
 from specdec.training import acceptance, export_name, exports, load_model
@@ -88,9 +88,11 @@ class Entry(NamedTuple):
 def _drafters(args: argparse.Namespace, verifier) -> dict[str, Entry]:
   """--drafter entries by name (`--help`)."""
   vocab_size = verifier.vocab_size
-  train = tasks.tokenized(args.task, "train", source=args.source)
-  grams = decoding.MaxGram(vocab_size=vocab_size, max_match=args.max_match,
-                           bigram=decoding.bigram_table(train.tokens, train.lengths, vocab_size))
+  bigram = None   # chat prompts (--prompts): Max-Gram looks up the prompt and its output only
+  if args.task:
+    train = tasks.tokenized(args.task, "train", source=args.source)
+    bigram = decoding.bigram_table(train.tokens, train.lengths, vocab_size)
+  grams = decoding.MaxGram(vocab_size=vocab_size, max_match=args.max_match, bigram=bigram)
   drafters, loaded = {}, {}
 
   def load(path):   # one model object per export: the EWIF lines match runs by model
@@ -146,18 +148,32 @@ def _score_seconds(model, widths, prefix: int, repeats: int) -> dict[int, float]
   return bench.score_seconds(model, widths, prefix=prefix, repeats=repeats)
 
 
+def _prompt_set(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, int, int, str]:
+  """(prompts [N, W], lengths [N], new tokens, EOS id, a description): `--examples` validation prompts of `--task`,
+  or the lines of `--prompts` as user turns of the verifier's chat template (its GGUF file's vocabulary)."""
+  if args.task:
+    split = tasks.tokenized(args.task, "validation", source=args.source)
+    rows = np.sort(np.random.default_rng(args.seed).permutation(len(split))[:args.examples])
+    prompts, lengths = split.prompts(rows)
+    return (prompts, lengths, args.tokens or tasks.get_task(args.task).max_target_tokens, load_vocabulary().eos_id,
+            f"task {args.task}: {len(rows)} validation prompts")
+  vocab = load_vocabulary(pretrained.resolve(args.verifier))
+  with open(args.prompts) as f:
+    texts = [line.strip() for line in f if line.strip()][:args.examples]
+  if not texts:
+    raise ValueError(f"--prompts {args.prompts} holds no prompt (one per line)")
+  prompts, lengths = gguf_vocab.chat_batch(vocab, texts)
+  return prompts, lengths, args.tokens or 128, vocab.eos_id, f"{args.prompts}: {len(texts)} chat prompts"
+
+
 def trained_pairs(args: argparse.Namespace, record: dict[str, Any]) -> None:
   """Speculative decoding with each trained drafter against the trained verifier alone, interleaved."""
   verifier = load_model(args.verifier)
-  split = tasks.tokenized(args.task, "validation", source=args.source)
   drafters = _drafters(args, verifier)
-  rows = np.sort(np.random.default_rng(args.seed).permutation(len(split))[:args.examples])
-  prompts, lengths = split.prompts(rows)
-  max_new = args.tokens or tasks.get_task(args.task).max_target_tokens
-  eos_id = load_vocabulary().eos_id
-  print(f"task {args.task}: {len(rows)} validation prompts (mean length {lengths.mean():.0f}), batch {args.batch}, "
-        f"up to {max_new} new tokens, eos stops; verifier {export_name(args.verifier)} "
-        f"({models.count_params(verifier):,} params)")
+  prompts, lengths, max_new, eos_id, described = _prompt_set(args)
+  rows = np.arange(len(lengths))
+  print(f"{described} (mean length {lengths.mean():.0f}), batch {args.batch}, up to {max_new} new tokens, eos "
+        f"stops; verifier {export_name(args.verifier)} ({models.count_params(verifier):,} params)")
   prefix = int(lengths.mean())
   verifier_costs = _score_seconds(verifier, sorted({1, *(g + 1 for g in args.gamma)}), prefix, 50)
   t1 = verifier_costs[1]
@@ -254,7 +270,7 @@ def trained_pairs(args: argparse.Namespace, record: dict[str, Any]) -> None:
                              **{f"total_{stat}": value for stat, value in t.items()}})
     if args.rates_plot:
       _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token,
-                  f"{args.task}, T = {temperature:g}")
+                  f"{args.task or args.prompts}, T = {temperature:g}")
     alphas = {runs[i][0]: _acceptance_for(totals[i]["generated"] / max(totals[i]["verifier_calls"], 1), runs[i][3])
               for i in range(1, len(runs))}
     for i in range(1, len(runs)):
@@ -392,6 +408,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                            "verification rate of every run (SpecDec++ Fig. 3)")
   parser.add_argument("--verifier", default="97m", help="a preset, or an export directory with --task")
   parser.add_argument("--task", help="a local task: trained exports on its validation prompts")
+  parser.add_argument("--prompts", metavar="FILE", help="instead of --task: the prompts of FILE (one per line) as "
+                      "user turns of the verifier's chat template (a GGUF verifier's, e.g. smollm2's)")
   parser.add_argument("--source", default="auto", help="the task's data (specdec.data.load)")
   parser.add_argument("--examples", type=int, default=16, help="validation prompts (--task)")
   parser.add_argument("--trials", type=int, default=1, help="passes over the prompts (--task)")
@@ -413,7 +431,9 @@ def run(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], str]:
     raise ValueError(f"--batch must be >= 1; got {args.batch}")
   record = bench.new_record("decoding", command, keys=("temperature", "run"), **{
       k: v for k, v in vars(args).items() if k not in ("out", "before", "after", "rounds", "subcommand")})
-  if args.task:
+  if args.task and args.prompts:
+    raise ValueError("--task and --prompts each give the prompts: give one")
+  if args.task or args.prompts:
     trained_pairs(args, record)
   else:
     args.tokens = args.tokens or 64
