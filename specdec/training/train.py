@@ -385,10 +385,7 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
     place_batch = functools.partial(partitioning.shard_batch, mesh=mesh)
   data_offset, checkpoints = 0, None
   if model_dir is not None:
-    restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
-    if restored is not None:
-      state, data_offset = restored.state, restored.data_offset
-      print(f"resumed from {model_dir} at step {int(state.step)}, data offset {data_offset}", flush=True)
+    state, data_offset = _resumed(model_dir, state, metadata)
     checkpoints = checkpoint.Checkpointer(model_dir, metadata=metadata, save_every=save_every,
                                           keep=keep_checkpoints)
 
@@ -437,6 +434,16 @@ def _initial_model(preset: str, *, vocab_size: int, seed: int, max_length: int, 
       raise ValueError(f"init_from_t5x needs a T5 preset ('t5_…'); {preset!r} is decoder-only")
     model = models.with_params(model, t5x_checkpoints.load_t5x(init_from_t5x, model.config).params)
   return model
+
+
+def _resumed(model_dir: str, state: TrainState, metadata: dict[str, Any]) -> tuple[TrainState, int]:
+  """(state, data offset) of `model_dir`'s latest checkpoint (`checkpoint.restore_latest`, which checks
+  `metadata`), else `state` at offset 0."""
+  restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
+  if restored is None:
+    return state, 0
+  print(f"resumed from {model_dir} at step {int(restored.state.step)}, data offset {restored.data_offset}", flush=True)
+  return restored.state, restored.data_offset
 
 
 def _teacher(teacher: str, distill_loss: str, vocab_size: int) -> Any:
