@@ -25,6 +25,7 @@ extra installs it). docs/tpu.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -144,7 +145,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Roofline tokens/s (every call at its roofline: an upper bound)", "",
               f"Verifier alone: {sp['autoregressive_tokens_per_s']:.0f} tokens/s; speculative decoding breaks even "
               f"at {sp['break_even_tokens_per_block']:.2f} tokens per block.", "",
-              "| acceptance per drafted token | tokens per block | block µs | tokens/s | speed-up |", "|---|---|---|---|---|"]
+              "| acceptance per drafted token | tokens per block | block µs | tokens/s | speed-up |",
+              "|---|---|---|---|---|"]
     for row in sp["speculative"]:
       lines.append(f"| {row['acceptance']:.3g} | {row['tokens_per_block']:.2f} | {row['block_us']:.1f} "
                    f"| {row['tokens_per_s']:.0f} | {row['speedup']:.2f}× |")
@@ -164,7 +166,7 @@ def _split(counts: dict[str, Any], *kinds: str) -> str:
   return text + (f" + {count} ({nbytes / 1e6:.1f}) in branches" if count else "")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
   parser = cli.parser(PROG, __doc__)
   parser.add_argument("--topology", required=True, help="a Cloud TPU accelerator type: v4-8, v4-16, …, v5e-4, "
                       "v5p-8, or <generation>-1chip")
@@ -189,10 +191,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--results", default=None, help="a sweep's results .jsonl: its points' acceptance rates")
   parser.add_argument("--output", default=None, help="FILE.json (and FILE.md beside it)")
   parser.add_argument("--cache_dir", default=None, help="where analyses are cached (default ~/.cache/specdec/plan)")
-  args = parser.parse_args(argv)
-  mesh = None if args.mesh is None else _pair(args.mesh, "--mesh")
-  acceptances = _floats(args.acceptance, "--acceptance")
-  params = dict(_param(p) for p in args.param) | {"gamma": args.gamma}
+  return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+  """One line naming what the flags lack, before JAX is imported: the pair without a sweep, the gin files,
+  the folder of --output."""
   if not args.gin_file:
     for flag in ("verifier", "vocab_size"):
       if getattr(args, flag) is None:
@@ -203,24 +207,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not os.path.isdir(directory):
       raise FileNotFoundError(f"--output {args.output}: no folder {directory}")
 
-  from specdec.evaluation import plan as planning   # JAX from here on
+
+def _settings(args: argparse.Namespace, params: dict[str, Any]) -> list[Any]:
+  """The `plan.Setting`s to plan: a sweep's distinct programs (--gin_file), else the one the flags name."""
+  from specdec.evaluation import plan as planning
+  if not args.gin_file:
+    return [planning.Setting(verifier=args.verifier, drafter=args.drafter, vocab_size=args.vocab_size,
+                             method=args.method, params=tuple(sorted(params.items())), batch_size=args.batch_size,
+                             prompt_width=args.prompt_width, max_new_tokens=args.max_new_tokens,
+                             dtype=args.dtype or "bfloat16", temperature=args.temperature)]
+  from specdec.evaluation import grid
+  with cli.quiet_gin_lookups():
+    experiment = grid.parse_gin(args.gin_file, args.gin_bindings)
+  return [setting for setting, _ in planning.sweep_settings(
+      experiment, verifier=args.verifier, drafter=args.drafter, vocab_size=args.vocab_size, dtype=args.dtype)]
+
+
+def _plans(args: argparse.Namespace, settings: Sequence[Any], topology: Any, mesh: tuple[int, int],
+           acceptances: list[float]) -> list[dict[str, Any]]:
+  """`plan.plan` of each setting, with a progress bar over several; speeds at `acceptances`, or at the
+  acceptance rates --results recorded for the setting's method."""
+  from specdec.evaluation import plan as planning
   import tqdm
-  if args.gin_file:
-    from specdec.evaluation import grid
-    with cli.quiet_gin_lookups():
-      experiment = grid.parse_gin(args.gin_file, args.gin_bindings)
-    settings = [setting for setting, _ in planning.sweep_settings(
-        experiment, verifier=args.verifier, drafter=args.drafter, vocab_size=args.vocab_size, dtype=args.dtype)]
-  else:
-    settings = [planning.Setting(verifier=args.verifier, drafter=args.drafter, vocab_size=args.vocab_size,
-                                 method=args.method, params=tuple(sorted(params.items())),
-                                 batch_size=args.batch_size, prompt_width=args.prompt_width,
-                                 max_new_tokens=args.max_new_tokens, dtype=args.dtype or "bfloat16",
-                                 temperature=args.temperature)]
-  topology = planning.topology(args.topology)
-  mesh = mesh or (1, topology.chips)
-  for setting in settings:
-    planning.check_mesh(mesh, topology, setting.batch_size)
   cache = planning.ProgramCache(args.cache_dir or planning.default_cache_dir())
   plans = []
   bar = tqdm.tqdm(settings, desc=PROG, unit="program", file=sys.stderr, leave=False, disable=len(settings) < 2)
@@ -236,16 +244,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                  else print(f"{PROG}: compiling {what}", file=sys.stderr, flush=True)))
   finally:
     bar.close()
+  return plans
+
+
+def _write(output: str, report: dict[str, Any], table: str) -> None:
+  """The report to `output` (JSON) and its table beside it (.md), each written whole."""
+  stem = output[:-5] if output.endswith(".json") else output
+  for path, text in ((output, json.dumps(report, indent=1)), (stem + ".md", table)):
+    with open(path + ".partial", "w") as f:
+      f.write(text)
+    os.replace(path + ".partial", path)
+  print(f"wrote {output} and {stem}.md")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  """Plans the programs the flags name (module docstring); prints the tables and returns the report:
+  {"topology", "mesh", "plans": [`plan.plan` per setting]}."""
+  args = _parser().parse_args(argv)
+  mesh = None if args.mesh is None else _pair(args.mesh, "--mesh")
+  acceptances = _floats(args.acceptance, "--acceptance")
+  params = dict(_param(p) for p in args.param) | {"gamma": args.gamma}
+  _check(args)
+
+  from specdec.evaluation import plan as planning   # JAX from here on
+  settings = _settings(args, params)
+  topology = planning.topology(args.topology)
+  mesh = mesh or (1, topology.chips)
+  for setting in settings:
+    planning.check_mesh(mesh, topology, setting.batch_size)
+  plans = _plans(args, settings, topology, mesh, acceptances)
   report = dict(topology=args.topology, mesh=list(mesh), plans=plans)
   table = "\n".join(markdown(one) for one in plans)
   print(table)
   if args.output is not None:
-    stem = args.output[:-5] if args.output.endswith(".json") else args.output
-    for path, text in ((args.output, json.dumps(report, indent=1)), (stem + ".md", table)):
-      with open(path + ".partial", "w") as f:
-        f.write(text)
-      os.replace(path + ".partial", path)
-    print(f"wrote {args.output} and {stem}.md")
+    _write(args.output, report, table)
   return report
 
 

@@ -40,7 +40,8 @@ import numpy as np
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # This checkout's benchmark code, copied over a revision's tree by `revision_tree` (folders whole).
-HARNESS_FILES = ("specdec/evaluation/bench.py", "specdec/evaluation/hlo.py", "specdec/cli/bench")
+HARNESS_FILES = ("specdec/evaluation/bench.py", "specdec/evaluation/hlo.py", "specdec/evaluation/hlo_parse.py",
+                 "specdec/cli/bench")
 _START = time.monotonic()
 
 

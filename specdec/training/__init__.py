@@ -20,7 +20,9 @@ The weighted-loss convention (weights[:, t] marks token t as a target) is in `tr
 from specdec.training.checkpoint import (CheckpointError, Checkpointer, Restored, export_name, load_export,
                                          model_spec, restore_latest, save_params)
 from specdec.training import distill
-from specdec.training.convert import load_hf, load_hf_t5, load_t5x, save_hf_t5
+from specdec.training.convert import load_hf
+from specdec.training.hf_t5_checkpoints import load_hf_t5, save_hf_t5
+from specdec.training.t5x_checkpoints import load_t5x
 from specdec.training.decoder_checkpoints import load_gemma, load_hf_decoder
 from specdec.training.gguf_checkpoints import load_gguf, save_gguf
 from specdec.training.loading import load_model
@@ -31,7 +33,7 @@ from specdec.training.train import (DISTILL_LOSSES, Batch, DataSource, MarkovCha
 
 __all__ = ["DISTILL_LOSSES", "Batch", "CheckpointError", "Checkpointer", "DataSource", "MarkovChain", "Restored",
            "TrainState", "cast_params", "distill", "distill_eval_step", "distill_step", "eval_step", "evaluate",
-           "export_name", "learning_rate_schedule", "load_export", "load_gemma", "load_gguf", "load_hf", "load_hf_decoder", "load_hf_t5",
-           "load_model", "load_t5x", "make_optimizer",
-           "markov_batches", "model_spec", "restore_latest", "save_gguf", "save_hf_t5", "save_params", "train_and_evaluate",
+           "export_name", "learning_rate_schedule", "load_export", "load_gemma", "load_gguf", "load_hf",
+           "load_hf_decoder", "load_hf_t5", "load_model", "load_t5x", "make_optimizer", "markov_batches",
+           "model_spec", "restore_latest", "save_gguf", "save_hf_t5", "save_params", "train_and_evaluate",
            "train_step"]

@@ -36,7 +36,7 @@ from flax import struct
 
 from specdec import models
 from specdec.models import partitioning
-from specdec.training import checkpoint, convert
+from specdec.training import checkpoint, t5x_checkpoints
 
 Array = jax.Array
 Batch = dict[str, Any]  # 'inputs' [B, L] int32, 'weights' [B, L] float (+ 'encoder_inputs', 'encoder_lengths')
@@ -358,7 +358,7 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
   description) every `save_every` steps and at the end, the last `keep_checkpoints` kept; a checkpoint
   of another model, optimizer or batch shape there raises `checkpoint.CheckpointError`.
   `init_from`: an exported model directory (`save_params`) of the same preset to start from instead of a
-  random initialisation; `init_from_t5x`: a T5X checkpoint (`convert.load_t5x`, e.g. the public T5 v1.1
+  random initialisation; `init_from_t5x`: a T5X checkpoint (`t5x_checkpoints.load_t5x`, e.g. the public T5 v1.1
   ones) for a "t5_…" preset. `teacher`: an exported model directory; the run then distils it into the model
   (`distill_step` with `distill_loss`, label_smoothing unused) and reports acceptance and agreement.
   `mesh_shape` (data, model): train on a `partitioning.make_mesh(data, model)` over all devices (data = -1:
@@ -369,24 +369,13 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
   """
   if seq_len > max_length:
     raise ValueError(f"seq_len ({seq_len}) exceeds the model's max_length ({max_length})")
-  model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
-  if init_from is not None and init_from_t5x is not None:
-    raise ValueError("give init_from or init_from_t5x, not both")
-  if init_from is not None:
-    model = models.with_params(model, checkpoint.load_export(init_from).params)
-  if init_from_t5x is not None:
-    if not isinstance(model, models.T5):
-      raise ValueError(f"init_from_t5x needs a T5 preset ('t5_…'); {preset!r} is decoder-only")
-    model = models.with_params(model, convert.load_t5x(init_from_t5x, model.config).params)
+  model = _initial_model(preset, vocab_size=vocab_size, seed=seed, max_length=max_length, init_from=init_from,
+                         init_from_t5x=init_from_t5x)
   metadata = {"model": checkpoint.model_spec(model, preset),
               "data": {"batch_size": batch_size, "seq_len": seq_len}}
   teacher_model = None
   if teacher is not None:
-    if distill_loss not in DISTILL_LOSSES:
-      raise ValueError(f"distill_loss must be one of {DISTILL_LOSSES}; got {distill_loss!r}")
-    teacher_model = checkpoint.load_export(teacher)
-    if teacher_model.vocab_size != vocab_size:
-      raise ValueError(f"teacher {teacher} has vocab_size {teacher_model.vocab_size}; the student has {vocab_size}")
+    teacher_model = _teacher(teacher, distill_loss, vocab_size)
     metadata["distill"] = {"teacher": checkpoint.model_spec(teacher_model), "loss": distill_loss}
   state = TrainState.create(model.params, optimizer(total_steps=num_steps))
   place_batch = lambda batch: batch
@@ -396,25 +385,18 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
     place_batch = functools.partial(partitioning.shard_batch, mesh=mesh)
   data_offset, checkpoints = 0, None
   if model_dir is not None:
-    restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
-    if restored is not None:
-      state, data_offset = restored.state, restored.data_offset
-      print(f"resumed from {model_dir} at step {int(state.step)}, data offset {data_offset}", flush=True)
+    state, data_offset = _resumed(model_dir, state, metadata)
     checkpoints = checkpoint.Checkpointer(model_dir, metadata=metadata, save_every=save_every,
                                           keep=keep_checkpoints)
 
   def run_eval(step: int) -> dict[str, float]:
     batches = data_source("validation", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size, start=0)
-    result = evaluate(model, state.params, map(place_batch, itertools.islice(batches, eval_batches)),
-                      teacher=teacher_model)
-    distilled = "".join(f" | {name} {result[name]:.4f}" for name in ("kl", "acceptance", "agreement") if name in result)
-    print(f"eval step {step}: loss {result['loss']:.4f} | acc {result['accuracy']:.4f} | "
-          f"ppl {result['perplexity']:.3f}{distilled}", flush=True)
-    return result
+    return _evaluate_and_print(model, state.params, map(place_batch, itertools.islice(batches, eval_batches)),
+                               teacher_model, step)
 
   step = first_step = int(state.step)
   batches = data_source("train", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size, start=data_offset)
-  window, window_start, window_first, positions = [], time.perf_counter(), first_step, 0
+  window = _LogWindow(first_step)
   try:
     for step in range(first_step + 1, num_steps + 1):
       batch = place_batch(next(batches))
@@ -423,19 +405,11 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
       else:
         state, metrics = distill_step(state, batch, model, teacher_model, distill_loss)
       data_offset += 1
-      positions += batch["inputs"].size   # a length-bucketed source cuts rows to less than seq_len
-      window.append(metrics)
+      window.add(metrics, batch["inputs"].size)   # a length-bucketed source cuts rows to less than seq_len
       if step % log_every == 0 or step == num_steps:
-        # Metrics stay on the device until a log line: no host round trip per step.
-        window = jax.device_get(window)
-        elapsed, done = time.perf_counter() - window_start, step - window_first
-        tokens = sum(m["tokens"] for m in window)
-        mean = lambda name: sum(m[name] * m["tokens"] for m in window) / max(tokens, 1e-9)
         shown = ["loss", "accuracy"] if teacher_model is None else ["loss", "kl", "acceptance", "agreement"]
-        print(f"step {step}/{num_steps} | " + " | ".join(f"{name} {mean(name):.4f}" for name in shown) +
-              f" | {positions / elapsed:,.0f} tok/s | "
-              f"ETA {_duration(elapsed / done * (num_steps - step))}", flush=True)
-        window, window_start, window_first, positions = [], time.perf_counter(), step, 0
+        print(window.line(step, num_steps, shown), flush=True)
+        window = _LogWindow(step)
       if eval_every and step % eval_every == 0 and step != num_steps:
         run_eval(step)
       if checkpoints is not None:
@@ -444,3 +418,72 @@ def train_and_evaluate(*, model_dir: str | None, preset: str = "tiny", vocab_siz
     if checkpoints is not None:
       checkpoints.close()
   return state, run_eval(step)
+
+
+def _initial_model(preset: str, *, vocab_size: int, seed: int, max_length: int, init_from: str | None,
+                   init_from_t5x: str | None) -> Any:
+  """`models.build(preset, …)`, its weights those of an export (`init_from`) or of a T5X checkpoint
+  (`init_from_t5x`, a T5 preset) when given."""
+  model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  if init_from is not None and init_from_t5x is not None:
+    raise ValueError("give init_from or init_from_t5x, not both")
+  if init_from is not None:
+    model = models.with_params(model, checkpoint.load_export(init_from).params)
+  if init_from_t5x is not None:
+    if not isinstance(model, models.T5):
+      raise ValueError(f"init_from_t5x needs a T5 preset ('t5_…'); {preset!r} is decoder-only")
+    model = models.with_params(model, t5x_checkpoints.load_t5x(init_from_t5x, model.config).params)
+  return model
+
+
+def _resumed(model_dir: str, state: TrainState, metadata: dict[str, Any]) -> tuple[TrainState, int]:
+  """(state, data offset) of `model_dir`'s latest checkpoint (`checkpoint.restore_latest`, which checks
+  `metadata`), else `state` at offset 0."""
+  restored = checkpoint.restore_latest(model_dir, state, expected=metadata)
+  if restored is None:
+    return state, 0
+  print(f"resumed from {model_dir} at step {int(restored.state.step)}, data offset {restored.data_offset}", flush=True)
+  return restored.state, restored.data_offset
+
+
+def _teacher(teacher: str, distill_loss: str, vocab_size: int) -> Any:
+  """The exported model a run distils from, checked against the student's loss and vocabulary."""
+  if distill_loss not in DISTILL_LOSSES:
+    raise ValueError(f"distill_loss must be one of {DISTILL_LOSSES}; got {distill_loss!r}")
+  teacher_model = checkpoint.load_export(teacher)
+  if teacher_model.vocab_size != vocab_size:
+    raise ValueError(f"teacher {teacher} has vocab_size {teacher_model.vocab_size}; the student has {vocab_size}")
+  return teacher_model
+
+
+def _evaluate_and_print(model: Any, params: Any, batches: Iterable[Batch], teacher: Any, step: int
+                        ) -> dict[str, float]:
+  """`evaluate` on `batches`, printed as one line for `step`."""
+  result = evaluate(model, params, batches, teacher=teacher)
+  distilled = "".join(f" | {name} {result[name]:.4f}" for name in ("kl", "acceptance", "agreement") if name in result)
+  print(f"eval step {step}: loss {result['loss']:.4f} | acc {result['accuracy']:.4f} | "
+        f"ppl {result['perplexity']:.3f}{distilled}", flush=True)
+  return result
+
+
+@dataclasses.dataclass
+class _LogWindow:
+  """The steps since the last log line (after `first_step`): their metrics, left on the device until the line
+  (no host round trip per step), and the token positions they trained on."""
+  first_step: int
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  metrics: list[dict[str, Array]] = dataclasses.field(default_factory=list)
+  positions: int = 0
+
+  def add(self, metrics: dict[str, Array], positions: int) -> None:
+    self.metrics.append(metrics)
+    self.positions += positions
+
+  def line(self, step: int, num_steps: int, shown: list[str]) -> str:
+    """The window's log line: step s/n, each `shown` metric's token-weighted mean, tokens/s and the ETA."""
+    window = jax.device_get(self.metrics)
+    elapsed, done = time.perf_counter() - self.start, step - self.first_step
+    tokens = sum(m["tokens"] for m in window)
+    mean = lambda name: sum(m[name] * m["tokens"] for m in window) / max(tokens, 1e-9)
+    return (f"step {step}/{num_steps} | " + " | ".join(f"{name} {mean(name):.4f}" for name in shown)
+            + f" | {self.positions / elapsed:,.0f} tok/s | ETA {_duration(elapsed / done * (num_steps - step))}")

@@ -11,7 +11,7 @@ import pytest
 from specdec import models
 from specdec.cli import plan as plan_cli
 from specdec.core import sampling
-from specdec.evaluation import hlo, plan
+from specdec.evaluation import hlo, plan, tpu_programs, tpu_topology
 from specdec.models import attention_kernel
 
 if plan.libtpu_version() is None:
@@ -49,7 +49,7 @@ def test_speculative_program_for_a_v4_mesh_is_the_tpu_program(planned, v4_8, mon
   """The plan's decode program (sampling at T = 1 with the top-p search, as a sweep over top-P compiles it),
   read back from the plan's cache of compiled programs."""
   argv, written, folder = planned
-  monkeypatch.setattr(plan, "_compile", lambda lowered: pytest.fail("not the plan's program"))
+  monkeypatch.setattr(tpu_programs, "_compile", lambda lowered: pytest.fail("not the plan's program"))
   [report] = written["plans"]
   setting = plan.Setting(verifier="lanes", drafter="lanes", vocab_size=VOCAB, params=(("gamma", GAMMA),),
                          batch_size=BATCH, prompt_width=PROMPT, max_new_tokens=NEW)
@@ -117,7 +117,7 @@ def test_specdec_plan_writes_a_report_and_reuses_its_cache(planned, lanes_preset
   speeds = report["speeds"]["speculative"]
   assert [row["acceptance"] for row in speeds] == [0.5, 0.9] and speeds[0]["speedup"] < speeds[1]["speedup"]
   # A re-run reads every analysis from the cache: nothing is compiled.
-  monkeypatch.setattr(plan, "_compile", lambda lowered: pytest.fail("compiled again"))
+  monkeypatch.setattr(tpu_programs, "_compile", lambda lowered: pytest.fail("compiled again"))
   assert plan_cli.main(argv) == written
 
 
@@ -170,7 +170,7 @@ def test_bad_plans_are_one_line_naming_the_constraint(argv, message):
 
 
 def test_without_libtpu_it_says_how_to_install(monkeypatch):
-  monkeypatch.setattr(plan, "libtpu_version", lambda: None)
+  monkeypatch.setattr(tpu_topology, "libtpu_version", lambda: None)
   with pytest.raises(ImportError, match="pip install -c constraints.txt libtpu"):
     plan.topology("v4-8")
 
