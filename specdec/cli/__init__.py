@@ -23,7 +23,8 @@ from typing import Any, NoReturn
 # What a user's input can cause: ValueError (UnicodeDecodeError is one), OSError (missing or unreadable
 # files), FloatingPointError (NaN logits of a model), a gin file's syntax errors, and
 # specdec.training.checkpoint.CheckpointError (`_user_errors`: added once that module is loaded).
-USER_ERRORS = (ValueError, OSError, FloatingPointError, SyntaxError, tokenize.TokenError)
+# A missing optional package (libtpu for specdec-plan, …) is the user's to install: one line saying how.
+USER_ERRORS = (ValueError, OSError, FloatingPointError, SyntaxError, tokenize.TokenError, ModuleNotFoundError)
 
 # Ctrl-C: the main thread runs its signal handler only when it returns from C code, and XLA compiling or
 # running a loop holds it for many seconds. A watcher thread, woken by the signal itself, ends the process

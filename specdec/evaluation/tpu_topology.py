@@ -71,8 +71,8 @@ def topology_names() -> list[str]:
 
 def topology(name: str) -> Topology:
   """The compile-only devices of a Cloud TPU slice named by its accelerator type ("v4-8": 4 v4 chips;
-  "v4-1chip": one chip), one per chip. Needs libtpu (`pip install -c constraints.txt libtpu`); raises
-  ValueError naming the known slices for an unknown name, ImportError saying how to install libtpu."""
+  "v4-1chip": one chip), one per chip. Needs libtpu (the `tpu-plan` extra); raises
+  ValueError naming the known slices for an unknown name, ModuleNotFoundError saying how to install libtpu."""
   if name not in _slices():
     raise ValueError(f"unknown TPU topology {name!r}; known: {', '.join(topology_names())}")
   generation, chips = _slices()[name]
@@ -99,6 +99,6 @@ def libtpu_version() -> str | None:
 
 def _check_libtpu() -> None:
   if libtpu_version() is None:
-    raise ImportError("compiling for TPU needs libtpu: pip install -c constraints.txt libtpu (Linux x86-64; "
-                      "the test extra installs it)")
+    raise ModuleNotFoundError("compiling for TPU needs libtpu: pip install -c constraints.txt '.[tpu-plan]' (Linux "
+                              "x86-64; the test extra installs it too)", name="libtpu")
 

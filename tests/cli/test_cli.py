@@ -439,3 +439,13 @@ def test_hugging_face_gemma2_directories_decode_as_models(tmp_path):
   alone = generate.main(common + ["--method", "autoregressive"])
   speculative = generate.main(common + ["--drafter", str(tmp_path / "drafter"), "--method", "speculative"])
   assert speculative[0]["tokens"] == alone[0]["tokens"] and len(alone[0]["tokens"]) == 8
+
+
+def test_specdec_plan_without_libtpu_says_in_one_line_how_to_install_it(monkeypatch, capsys):
+  from specdec.cli import plan as plan_cli
+  from specdec.evaluation import tpu_topology
+  monkeypatch.setattr(tpu_topology, "libtpu_version", lambda: None)
+  argv = ["--topology", "v4-8", "--verifier", "tiny", "--drafter", "tiny", "--vocab_size", "256"]
+  assert cli.run(plan_cli.main, argv, "specdec-plan") == 2
+  [line] = capsys.readouterr().err.strip().splitlines()
+  assert line.startswith("specdec-plan: error: compiling for TPU needs libtpu") and "'.[tpu-plan]'" in line

@@ -169,12 +169,6 @@ def test_bad_plans_are_one_line_naming_the_constraint(argv, message):
     plan_cli.main(argv + ["--verifier", "tiny", "--drafter", "tiny", "--vocab_size", "256"])
 
 
-def test_without_libtpu_it_says_how_to_install(monkeypatch):
-  monkeypatch.setattr(tpu_topology, "libtpu_version", lambda: None)
-  with pytest.raises(ImportError, match="pip install -c constraints.txt libtpu"):
-    plan.topology("v4-8")
-
-
 def test_a_feature_drafter_is_planned_with_its_head_step_and_reread(tmp_path):
   """`--drafter feature`: EAGLE's head over the verifier, its drafting step (the head and the verifier's
   output layer) and its re-read of a verified block each compiled alone, in the block's cost."""

@@ -44,14 +44,15 @@ def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
   parser.add_argument("--after", metavar="TREE", default=None, help="the tree measured as 'after' (default: this "
                       "checkout)")
   parser.add_argument("--rounds", type=int, default=3, help="rounds of before/after, sides alternating")
-  commands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+  commands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND",
+                                   help="one of those above")
   chosen = next((a for a in argv if a in SUBCOMMANDS), None)
-  for name, summary in SUBCOMMANDS.items():
+  for name in SUBCOMMANDS:
     if name != chosen:
-      commands.add_parser(name, help=summary)
+      commands.add_parser(name)   # listed once, in the description
       continue
     module = importlib.import_module(f"specdec.cli.bench.{name}")
-    sub = commands.add_parser(name, help=summary, description=module.__doc__,
+    sub = commands.add_parser(name, description=module.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(sub)
     sub.add_argument("--out", metavar="STEM", default=None, help="write STEM.json and STEM.md (default: print "

@@ -114,11 +114,11 @@ def _drafters(args: argparse.Namespace, verifier) -> dict[str, Entry]:
       drafters[name] = Entry(lambda gamma, model=model, kw=kw: decoding.cs_drafter(model, gamma=gamma, grams=grams,
                                                                                   **kw), model, kw)
     elif spec.startswith("feature:"):   # feature:DIR: the feature drafter of DIR's head over the verifier
-      if not exports.is_feature_head(spec[len("feature:"):]):
-        raise ValueError(f"--drafter {spec}: {spec[len('feature:'):]} holds no feature head (feature_head/)")
-      drafter = exports.load_drafter(spec[len("feature:"):], verifier)
-      drafters[f"feature {export_name(spec[len('feature:'):])}"] = Entry(lambda gamma, drafter=drafter: drafter,
-                                                                          drafter, None)
+      directory = pretrained.resolve(spec[len("feature:"):])   # a directory, or a shipped head's name
+      if not exports.is_feature_head(directory):
+        raise ValueError(f"--drafter {spec}: {directory} holds no feature head (feature_head/)")
+      drafter = exports.load_drafter(directory, verifier)
+      drafters[f"feature {export_name(directory)}"] = Entry(lambda gamma, drafter=drafter: drafter, drafter, None)
     elif spec.startswith("pp:"):   # pp:PATH[:head=DIR][:h=H]: SpecDec++ with γ as its maximum Γ
       path, *options = spec[3:].split(":")
       kw = dict(o.split("=") for o in options)
