@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec import cli
+from specdec import cli, targets
 from specdec.cli import registry
 from specdec.data import formats, pretrained, shipped
 
@@ -393,7 +393,9 @@ def batch_rows(n_prompts: int, batch_size: int) -> list[np.ndarray]:
 
 def _print_record(record: dict[str, Any]) -> None:
   counters = record["counters"]
-  shown = " ".join(f"{name}={count}" for name, count in counters.items())
+  # `deferred` counts a deferral rule's decisions (cascades); under a lossless rule it would only count p ≠ q.
+  defers = record["run"]["params"].get("rule") in targets.deferral_rules()
+  shown = " ".join(f"{name}={count}" for name, count in counters.items() if name != "deferred" or defers)
   if counters["drafted"]:
     shown += f" acceptance={counters['accepted'] / counters['drafted']:.2f}"
   print(f"> {record['prompt']}\n{record['text']}\n  [{shown}]", flush=True)

@@ -37,6 +37,23 @@ def _hidden_jit(verifier: Any, tokens: jax.Array) -> jax.Array:
   return verifier.logits(tokens, return_hidden=True)[1]
 
 
+def _features(verifier: Any, tokens: np.ndarray, weights: np.ndarray, batch_size: int) -> np.ndarray:
+  """The verifier's features [N, W, E] (float16) of rows tokens [N, W]: rows of like length batched together, each
+  batch cut to its longest row (rounded up to WIDTH_STEP) — the verifier is causal, so the right padding changes
+  no real position's feature; the padding's features are left 0 (no loss reads them)."""
+  lengths = np.array([_length(row) for row in weights])
+  features = None
+  order = np.argsort(lengths, kind="stable")
+  for start in range(0, len(order), batch_size):
+    batch = order[start:start + batch_size]
+    width = min(-(-max(int(lengths[batch].max()), 1) // WIDTH_STEP) * WIDTH_STEP, tokens.shape[1])
+    hidden = _hidden(verifier, tokens[batch, :width])
+    if features is None:
+      features = np.zeros(tokens.shape + hidden.shape[-1:], hidden.dtype)
+    features[batch, :width] = hidden
+  return features
+
+
 def rows(records: Sequence[dict], max_length: int, width_step: int = 64) -> tuple[np.ndarray, np.ndarray]:
   """Sequences prompt_ids + response_ids cut to `max_length`, right-padded with 0 to a multiple of `width_step`:
   tokens [N, W] and weights [N, W]: 1 from the prompt's last token on, so that the head's loss (on pairs of
@@ -66,8 +83,7 @@ def write_features(out: str, verifier: Any, responses: Sequence[dict], *, max_le
       with np.load(path) as data:
         if np.array_equal(data["tokens"], tokens) and np.array_equal(data["weights"], weights):
           continue
-    features = np.concatenate([_hidden(verifier, tokens[i:i + batch_size])
-                               for i in range(0, len(tokens), batch_size)])
+    features = _features(verifier, tokens, weights, batch_size)
     partial = path + ".partial.npz"
     np.savez(partial, tokens=tokens, weights=weights, features=features)
     os.replace(partial, path)

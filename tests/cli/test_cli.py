@@ -449,3 +449,13 @@ def test_specdec_plan_without_libtpu_says_in_one_line_how_to_install_it(monkeypa
   assert cli.run(plan_cli.main, argv, "specdec-plan") == 2
   [line] = capsys.readouterr().err.strip().splitlines()
   assert line.startswith("specdec-plan: error: compiling for TPU needs libtpu") and "'.[tpu-plan]'" in line
+
+
+def test_the_deferred_counter_is_printed_for_deferral_rules_only(capsys):
+  record = {"prompt": "p", "text": "t", "counters": dict.fromkeys(decoding.common.STAT_NAMES, 1),
+            "run": {"params": {"rule": "spec"}}}
+  generate._print_record(record)
+  assert "deferred" not in capsys.readouterr().out
+  record["run"]["params"]["rule"] = "chow"
+  generate._print_record(record)
+  assert "deferred=1" in capsys.readouterr().out
