@@ -384,7 +384,9 @@ def run(experiment: Experiment, *, progress: bool = True, host: tuple[int, int] 
     _check_one_run([stored[hashes[point]] for point in points if hashes[point] in stored], shared, experiment)
     if progress:
       print(f"resuming: {len(mine) - len(pending)} of {len(mine)} points already done in {output}", file=sys.stderr)
-  bar = tqdm.tqdm(pending, desc="sweep", unit="point", file=sys.stderr, disable=not progress)
+  elif mine and not pending and progress:
+    print(f"nothing to run: all {len(mine)} points are already done in {output}", file=sys.stderr)
+  bar = tqdm.tqdm(pending, desc="sweep", unit="point", file=sys.stderr, disable=not progress or not pending)
   for point in bar:
     settings = " ".join(f"{name}={value}" for name, value in point.params)
     bar.set_postfix_str(f"{point.family} {settings} T={point.temperature} top_p={point.top_p}")

@@ -140,6 +140,9 @@ def test_resume_is_announced_and_refused_across_code_versions_unless_asked(compl
   sweep.run(smoke(output, "Experiment.allow_mixed_runs = True"), progress=True)
   assert f"resuming: {SMOKE_POINTS - 2} of {SMOKE_POINTS} points already done" in capsys.readouterr().err
   assert len(_lines(output)) == SMOKE_POINTS
+  sweep.run(smoke(output, "Experiment.allow_mixed_runs = True"), progress=True)   # nothing left: no empty bar
+  err = capsys.readouterr().err
+  assert f"nothing to run: all {SMOKE_POINTS} points are already done" in err and "0point" not in err
 
 
 def test_resume_is_keyed_on_the_package_code_not_the_commit(complete, tmp_path):
