@@ -28,13 +28,12 @@ import numpy as np
 from specdec import cli, decoding
 from specdec.data import load_vocabulary, tasks
 from specdec.evaluation import metrics
-from specdec.models import T5
 from specdec.training import evaluate, export_name, load_model
 
 
 def _perplexity(model, task: tasks.Task, rows: tasks.Tokenized, batch_size: int) -> dict[str, float]:
   def batch(rows_slice: slice) -> dict[str, np.ndarray]:
-    if isinstance(model, T5):   # the task's widths: one compilation per task
+    if model.encoder_decoder:   # the task's widths: one compilation per task
       return rows.seq2seq(rows_slice, encoder_len=max(task.max_input_tokens, 1),
                           decoder_len=1 + task.max_target_tokens)
     width = int(rows.lengths[rows_slice].max())   # padding beyond the longest row is not scored
@@ -79,7 +78,7 @@ def main() -> None:
     task = tasks.get_task(name)
     for label, model in loaded.items():
       # T5 reads T5's inputs (no decoder-only separator) as its encoder input.
-      kw = dict(source=args.source, encoder_decoder=isinstance(model, T5))
+      kw = dict(source=args.source, encoder_decoder=model.encoder_decoder)
       as_targets = tasks.tokenized(name, args.split, training=True, **kw)
       prompted = tasks.tokenized(name, args.split, **kw)
       start = time.perf_counter()

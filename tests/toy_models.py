@@ -49,6 +49,7 @@ class PositionalTrigram:
 
   encoder_decoder = False
   scores_trees = True
+  feature_access = False
 
   @property
   def vocab_size(self) -> int:

@@ -33,12 +33,12 @@ from flax import struct
 from specdec import rng
 from specdec import sampling as sampling_lib
 from specdec.decoding.drafters import BeamSearch, Draft, Drafter, Verified
-from specdec.models.base import Cache, Model, rollback
+from specdec.models.base import Cache, Features, Model, rollback
 from specdec.models.feature_head import FeatureHead, verifier_fingerprint
 
 Array = jax.Array
 
-# What a verifier must offer a feature drafter (the transformer has them; `check_verifier` names a missing one).
+# What a feature drafter reads of its verifier (`base.Features`, declared by `feature_access`; `check_features`).
 VERIFIER_METHODS = ("token_embeddings", "output_logits", "output_table")
 
 
@@ -57,7 +57,7 @@ class FeatureDrafter(Drafter):
   layer (shared: the verifier's own parameters). `bonus_q` False: γ calls per block, no q at the bonus
   position (for the targets that do not read it; `speculative` sets it)."""
   head: FeatureHead
-  verifier: Model
+  verifier: Features
   bonus_q: bool = struct.field(pytree_node=False, default=True)
 
   @property
@@ -182,13 +182,17 @@ class FeatureDrafter(Drafter):
                  calls=jnp.full((batch,), calls + 1, jnp.int32), state=state.replace(cache=cache))
 
 
+def check_features(verifier: Model) -> None:
+  """Raises ValueError naming `verifier`'s class where it does not declare `feature_access` (`base.Features`)."""
+  if not verifier.feature_access:
+    raise ValueError(f"a feature drafter reads the verifier's hidden states through {', '.join(VERIFIER_METHODS)}, "
+                     f"which {type(verifier).__name__} does not have (it declares feature_access False)")
+
+
 def check_pair(head: FeatureHead, verifier: Model) -> None:
   """Raises ValueError naming both when `head` was not trained for `verifier` (its hidden size, vocabulary
-  or output layer's fingerprint), or when `verifier` lacks what a feature drafter reads."""
-  missing = [name for name in VERIFIER_METHODS if not hasattr(verifier, name)]
-  if missing:
-    raise ValueError(f"a feature drafter reads the verifier's hidden states through {', '.join(missing)}, "
-                     f"which {type(verifier).__name__} does not have")
+  or output layer's fingerprint), or when `verifier` lacks what a feature drafter reads (`check_features`)."""
+  check_features(verifier)
   config = head.config
   if (config.embed_dim, config.vocab_size) != (verifier.hidden_size, verifier.vocab_size):
     raise ValueError(f"the feature head reads hidden size {config.embed_dim} and vocabulary {config.vocab_size}; "

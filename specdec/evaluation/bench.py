@@ -144,19 +144,24 @@ def median_seconds(fn: Callable, *args, repeats: int) -> float:
   return statistics.median(times)
 
 
-def _logits(scored: Any) -> jax.Array:
-  # `score` returns a record with .logits; revisions before b1cd0ce returned (logits, cache[, hidden]).
-  return scored.logits if hasattr(scored, "logits") else scored[0]
+# --- adapters: the models of revisions `--before` measures (`revision_tree`) predate today's protocol ------
+
+def _logits_and_cache(scored: Any) -> tuple[jax.Array, Any]:
+  """(logits, cache) of what `score` returned: a `Scored` record, or the tuple (logits, cache[, hidden]) of
+  revisions before b1cd0ce."""
+  return (scored[0], scored[1]) if isinstance(scored, tuple) else (scored.logits, scored.cache)
 
 
-def _cache(scored: Any) -> Any:
-  return scored.cache if hasattr(scored, "cache") else scored[1]
+def _encoder_decoder(model: Any) -> bool:
+  """Whether `model` reads its prompt as an encoder input: its declared `encoder_decoder`, or in revisions
+  before 00b0d98 (which did not declare it) whether it has its own `prefill` (T5 alone had one)."""
+  return model.encoder_decoder if hasattr(model, "encoder_decoder") else hasattr(model, "prefill")
 
 
 # Only the logits: the cache is not donated here, so returning it would time a copy of the whole cache, which
 # the decode loops (an in-place write of n entries) never make.
-score_logits = jax.jit(lambda model, cache, tokens: _logits(model.score(cache, tokens)))
-_score_cache = jax.jit(lambda model, cache, tokens: _cache(model.score(cache, tokens)))
+score_logits = jax.jit(lambda model, cache, tokens: _logits_and_cache(model.score(cache, tokens))[0])
+_score_cache = jax.jit(lambda model, cache, tokens: _logits_and_cache(model.score(cache, tokens))[1])
 
 
 @functools.cache
@@ -172,7 +177,7 @@ def cache_after(model: Any, batch: int, prefix: int, room: int, *, encoder_input
   rng = np.random.default_rng(seed)
   tokens = lambda n: jnp.asarray(rng.integers(2, model.vocab_size, (batch, n)), jnp.int32)  # noqa: E731
   cache = model.init_cache(batch, prefix + room)
-  if getattr(model, "encoder_decoder", hasattr(model, "prefill")):   # revisions before the declared field
+  if _encoder_decoder(model):
     _, cache = _prefill()(model, cache, tokens(encoder_input), jnp.full((batch,), encoder_input, jnp.int32))
   return _score_cache(model, cache, tokens(prefix)) if prefix else cache
 

@@ -127,11 +127,8 @@ def load_workload(experiment: Experiment) -> Workload:
   if experiment.verifier.dtype is not None:
     verifier = models.with_dtype(verifier, experiment.verifier.dtype)
     drafter = drafter.replace(verifier=verifier) if isinstance(drafter, FeatureDrafter) else drafter
-  encoder_decoder = isinstance(verifier, models.T5)
-  if (drafter.encoder_decoder if isinstance(drafter, FeatureDrafter) else isinstance(drafter, models.T5)
-      ) != encoder_decoder:
-    raise ValueError(f"drafter and verifier must both be encoder-decoder (T5) or both decoder-only; got "
-                     f"{type(drafter).__name__} and {type(verifier).__name__}")
+  common.check_models(drafter, verifier)
+  encoder_decoder = verifier.encoder_decoder
   task = find_task(experiment.task, experiment.chat_template)
   if experiment.task in few_shot.BENCHMARKS:
     # prompts within the (max_prompt_tokens) budget by dropping shots: `few_shot.prompt_ids`

@@ -99,10 +99,7 @@ def abstract_pair(setting: Setting, target: Mesh | Any) -> tuple[Any, Any]:
 
 def abstract_feature_drafter(verifier: Any, target: Mesh | Any, dtype: Any) -> feature_drafter.FeatureDrafter:
   """A feature drafter over an abstract verifier, its head (`FEATURE`) abstract on `target` too."""
-  missing = [name for name in ("hidden_size",) + feature_drafter.VERIFIER_METHODS if not hasattr(verifier, name)]
-  if missing:
-    raise ValueError(f"a feature drafter reads the verifier's hidden states through {', '.join(missing)}, which "
-                     f"{type(verifier).__name__} does not have")
+  feature_drafter.check_features(verifier)
   cfg = verifier.config
   config = feature_head.FeatureHeadConfig(embed_dim=verifier.hidden_size, vocab_size=verifier.vocab_size,
                                           num_heads=cfg.num_heads, hidden_dim=cfg.hidden_dim,

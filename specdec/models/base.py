@@ -25,7 +25,7 @@ The prompt is the decoder's prefix by default: `prefill` scores it into the cach
 (`t5.T5`) reads its prompt as the encoder input instead: it declares `encoder_decoder = True` and supplies its
 own `prefill` (encode, pending decoder start token, lengths 0) and `prompt_cache_positions` (1: its decoder
 cache never holds the prompt). Capabilities are declared fields of `Model` (`encoder_decoder`,
-`scores_trees`), never guessed from which methods a model happens to have.
+`scores_trees`, `feature_access`), never guessed from which methods a model happens to have or from its class.
 """
 
 from __future__ import annotations
@@ -363,11 +363,13 @@ class Model(Protocol):
 
   Declared capabilities: `encoder_decoder`, the prompt is an encoder input (the model has its own
   `prefill(cache, prompts, prompt_lengths) -> (pending token [B], cache)`); `scores_trees`, `score` takes
-  `positions=` and `tree_mask=` and the model has `copy_slots` (multi-draft methods).
+  `positions=` and `tree_mask=` and the model has `copy_slots` (multi-draft methods); `feature_access`, the
+  model is also a `Features` (what a feature drafter and an acceptance head read).
   """
 
   encoder_decoder: bool
   scores_trees: bool
+  feature_access: bool
 
   @property
   def vocab_size(self) -> int: ...
@@ -394,6 +396,30 @@ class Model(Protocol):
   def prompt_cache_positions(self, prompt_width: int) -> int:
     """Cache positions that prompts padded to `prompt_width` take: the width for a decoder-only model, 1
     for an encoder-decoder (its decoder cache holds only the start token)."""
+    ...
+
+
+class Features(Model, Protocol):
+  """A model that declares `feature_access`: its last hidden states (`Scored.hidden` [B, n, E]; a decoder-only
+  one's `logits(tokens, return_hidden=True)` -> (logits [B, L, V], hidden [B, L, E])), its input embedding and its
+  output layer, read by a feature drafter (`decoding.feature_drafter`) and SpecDec++'s acceptance head."""
+
+  @property
+  def hidden_size(self) -> int:
+    """E, the width of the last hidden states."""
+    ...
+
+  def output_table(self) -> Array:
+    """The output layer's [V, E] table."""
+    ...
+
+  def token_embeddings(self, tokens: Array) -> Array:
+    """The network's input of tokens [B, n] -> [B, n, E] (float32)."""
+    ...
+
+  def output_logits(self, hidden: Array, table: Array | None = None) -> Array:
+    """Next-token logits [B, n, V] of last hidden states [B, n, E]; through `table` [k, E] (rows of
+    `output_table()`) those of its k tokens [B, n, k]."""
     ...
 
 

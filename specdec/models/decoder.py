@@ -288,7 +288,10 @@ class Decoder(base.DecoderOnly):
   def _apply(self, *args) -> tuple[Array, Any, Array]:
     return DecoderNetwork(self.config).apply({"params": self.params}, *args)
 
-  # What a feature drafter reads (`decoding.feature_drafter`): the verifier's own embedding and output layer.
+  # What a feature drafter reads (`decoding.feature_drafter`, `base.Features`): the verifier's own embedding and
+  # output layer.
+  feature_access = True
+
   @property
   def hidden_size(self) -> int:
     return self.config.embed_dim

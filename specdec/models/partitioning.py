@@ -163,7 +163,7 @@ def abstract_batch(tree: Any, target: Target, batch_size: int) -> Any:
   def put(x: Any) -> jax.ShapeDtypeStruct:
     if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None:
       return x
-    shape, dtype = np.shape(x), (x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
+    shape, dtype = np.shape(x), (x.dtype if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) else np.asarray(x).dtype)
     if not isinstance(target, Mesh):
       sharding = jax.sharding.SingleDeviceSharding(target)
     elif shape and shape[0] == batch_size:

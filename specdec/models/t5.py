@@ -412,8 +412,10 @@ class T5(base.Configured):
     logits = partitioning.gather_vocab(logits)
     return base.Scored(logits=logits, cache=cache, hidden=hidden)
 
-  # What a feature drafter (`models.feature_head`) reads through: the decoder's input embedding (shared
-  # with the encoder) and its untied output layer, shared with the drafter, never copied.
+  # What a feature drafter (`models.feature_head`) reads through (`base.Features`): the decoder's input
+  # embedding (shared with the encoder) and its untied output layer, shared with the drafter, never copied.
+  feature_access = True
+
   @property
   def hidden_size(self) -> int:
     return self.config.embed_dim

@@ -200,8 +200,10 @@ class TransformerLM(base.DecoderOnly):
     del key_positions
     return Transformer(self.config).apply({"params": self.params}, tokens, positions, visible, cache)
 
-  # What a feature drafter (`models.feature_head`) reads through: the verifier's own input embedding and
-  # output layer (lm1b's tied embedding), shared with the drafter, never copied.
+  # What a feature drafter (`models.feature_head`) reads through (`base.Features`): the verifier's own input
+  # embedding and output layer (lm1b's tied embedding), shared with the drafter, never copied.
+  feature_access = True
+
   @property
   def hidden_size(self) -> int:
     return self.config.embed_dim

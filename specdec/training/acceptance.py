@@ -73,12 +73,14 @@ def _label_batch(key: Array, drafter: Any, verifier: Any, inputs: Array, samplin
   return pad(candidates), pad(labels)
 
 
-def label_rows(drafter: Any, verifier: Any, split: tasks.Tokenized, *, key: Array,
+def label_rows(drafter: base.Features, verifier: base.Model, split: tasks.Tokenized, *, key: Array,
                sampling: sampling_lib.Sampling, batch_size: int = 32) -> LabelledRows:
   """Candidates and exact acceptance labels for every response token of `split` (prompts + the verifier's
-  responses), in batches of rows of similar length cut to their longest (rounded up to 32)."""
-  if not hasattr(drafter, "logits") or drafter.encoder_decoder:
-    raise ValueError("acceptance heads are trained for decoder-only drafters (TransformerLM)")
+  responses), in batches of rows of similar length cut to their longest (rounded up to 32). The head reads the
+  drafter's hidden states: a decoder-only model that declares `feature_access` (`base.Features`)."""
+  if drafter.encoder_decoder or not drafter.feature_access:
+    raise ValueError("acceptance heads are trained for decoder-only drafters with hidden states "
+                     f"(feature_access); {type(drafter).__name__} is not one")
   sampling = sampling.checked()
   n, width = split.tokens.shape
   candidates = np.zeros((n, width), np.int32)

@@ -33,7 +33,7 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from specdec.models import t5
+from specdec.models import families, t5
 from specdec.training.checkpoint import CheckpointError, abstract_model, checked_model, safetensors_files
 
 _EMBEDDING_ALIASES = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
@@ -169,7 +169,7 @@ def save_hf_t5(model: t5.T5, directory: str | os.PathLike) -> str:
   Raises ValueError for a model that is not a `t5.T5` and FileExistsError for a directory that exists and
   is not empty: an export never overwrites or mixes with another checkpoint's files.
   """
-  if not isinstance(model, t5.T5):
+  if families.for_model(model).hf_model_type != "t5":
     raise ValueError(f"save_hf_t5 exports a specdec.models.t5.T5; got {type(model).__name__}, which has no "
                      "Hugging Face T5ForConditionalGeneration equivalent")
   directory = os.path.abspath(directory)

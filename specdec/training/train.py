@@ -424,14 +424,15 @@ def _initial_model(preset: str, *, vocab_size: int, seed: int, max_length: int, 
                    init_from_t5x: str | None) -> Any:
   """`models.build(preset, …)`, its weights those of an export (`init_from`) or of a T5X checkpoint
   (`init_from_t5x`, a T5 preset) when given."""
-  model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   if init_from is not None and init_from_t5x is not None:
     raise ValueError("give init_from or init_from_t5x, not both")
+  family = models.families.for_preset(preset)
+  if init_from_t5x is not None and family.name != "t5":
+    raise ValueError(f"init_from_t5x needs a T5 preset ('t5_…'); {preset!r} is of family {family.name!r}")
+  model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   if init_from is not None:
     model = models.with_params(model, checkpoint.load_export(init_from).params)
   if init_from_t5x is not None:
-    if not isinstance(model, models.T5):
-      raise ValueError(f"init_from_t5x needs a T5 preset ('t5_…'); {preset!r} is decoder-only")
     model = models.with_params(model, t5x_checkpoints.load_t5x(init_from_t5x, model.config).params)
   return model
 

@@ -391,6 +391,7 @@ class _NaNAfter:
   position: int = struct.field(pytree_node=False)
   encoder_decoder = False
   scores_trees = False
+  feature_access = False
 
   @property
   def vocab_size(self):

@@ -14,7 +14,7 @@ from specdec.data import tasks
 from specdec.models.acceptance_head import AcceptanceHead, HeadConfig, init_head
 from specdec.training import acceptance
 from tests.stats import assert_law, sequence_codes, sequence_law
-from tests.toy_models import tiny_pair
+from tests.toy_models import PositionalTrigram, tiny_pair
 
 
 def _pair(vocab, max_length=96):
@@ -108,6 +108,14 @@ def test_labels_are_the_exact_acceptance_probabilities(temperature):
   if temperature == 0.0:
     np.testing.assert_array_equal(x, q[b, i - 1].argmax(-1))
     assert set(np.unique(rows.labels[b, i])) <= {0.0, 1.0}
+
+
+def test_labels_need_a_decoder_only_drafter_with_hidden_states():
+  """The head reads the drafter's hidden states: a model declaring no `feature_access` is named, before any compute."""
+  _, verifier = _pair(12)
+  with pytest.raises(ValueError, match="decoder-only drafters with hidden states .*PositionalTrigram is not one"):
+    acceptance.label_rows(PositionalTrigram.random(0, 12), verifier, _split(12, 4, 0), key=jax.random.PRNGKey(0),
+                          sampling=sampling.Sampling(0.0))
 
 
 def test_a_trained_head_beats_the_constant_prediction_and_round_trips(tmp_path):

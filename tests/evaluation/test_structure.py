@@ -1,7 +1,8 @@
 """The house rules of the code's structure, read from the source (no imports run): a module never imports
 from a layer above its own (docs/design.md, "Layers"), the modules' top-level imports have no cycle, no
 test module imports another test module or a conftest (shared test code lives in helper modules of tests/),
-and modules and functions fit a page (500 and 80 lines)."""
+modules and functions fit a page (500 and 80 lines), and capabilities are declared, never probed (`hasattr`,
+`isinstance` on a model class, another module's attribute set at run time) outside documented adapters."""
 
 import ast
 import pathlib
@@ -207,4 +208,80 @@ def test_modules_and_functions_fit_a_page():
   over = {(path, function) for path, function, _ in found}
   problems += [f"{path}: {what(function)} is within its bound now: remove it from NOT_YET_SPLIT"
                for path, function in NOT_YET_SPLIT if (path, function) not in over]
+  assert not problems, "\n".join(problems)
+
+
+
+# The classes behind `models.base.Model`: a consumer reads a model's declared capabilities, never its class.
+MODEL_CLASSES = ("Configured", "DecoderOnly", "Decoder", "T5", "TransformerLM")
+# The documented adapters at a boundary, (path, function, what it may do: "hasattr", "isinstance" on a model
+# class, "assigns" an attribute of an imported module). The list can only shrink: an entry that excuses
+# nothing fails the test.
+ADAPTERS = (
+    ("specdec/evaluation/bench.py", "_encoder_decoder", "hasattr"),       # `--before`: revisions before the field
+    ("specdec/cli/bench/program.py", "compiled_generate", "hasattr"),     # `--before`: revisions before `lower`
+    ("specdec/cli/__init__.py", "_watch_for_interrupts", "assigns"),      # sys.unraisablehook, the interpreter's hook
+    ("specdec/cli/__init__.py", "run", "assigns"),                        # sys.argv less --debug, for mains reading it
+    ("scripts/compile_imports.py", "main", "assigns"),                    # sys.dont_write_bytecode: the cache it warms
+)
+
+
+def _probes(path: pathlib.Path) -> list[tuple[tuple[str, ...], int, str, str]]:
+  """(enclosing functions, line, kind, code) of each `hasattr` call, `isinstance` test on a model class, and
+  assignment (or `setattr`) to an attribute of an imported module or name in the file at `path`."""
+  tree = ast.parse(path.read_text(), str(path))
+  imported = {alias.asname or alias.name.partition(".")[0] for node in ast.walk(tree)
+              if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+  def root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+      node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+  def found(node: ast.AST) -> tuple[str, ast.AST] | None:
+    targets = {ast.Assign: lambda: node.targets, ast.AugAssign: lambda: [node.target],
+               ast.AnnAssign: lambda: [node.target]}.get(type(node), list)()
+    targets = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+    assigned = [t for t in targets if isinstance(t, ast.Attribute) and root(t) in imported]
+    if assigned:
+      return "assigns", assigned[0]
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+      return None
+    if node.func.id == "hasattr":
+      return "hasattr", node
+    if node.func.id == "setattr" and node.args and root(node.args[0]) in imported:
+      return "assigns", node
+    if node.func.id == "isinstance" and len(node.args) == 2:
+      classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+      if any(getattr(c, "id", getattr(c, "attr", None)) in MODEL_CLASSES for c in classes):
+        return "isinstance", node
+    return None
+
+  probes = []
+
+  def visit(node: ast.AST, functions: tuple[str, ...]) -> None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      functions += (node.name,)
+    if (probe := found(node)) is not None:
+      probes.append((functions, node.lineno, probe[0], ast.unparse(probe[1])))
+    for child in ast.iter_child_nodes(node):
+      visit(child, functions)
+  visit(tree, ())
+  return probes
+
+
+def test_capabilities_are_declared_not_probed():
+  """What a consumer needs of a model or drafter is a declared field or method of its protocol
+  (`models.base.Model`, `decoding.drafters.Drafter`): in specdec/ and scripts/ no `hasattr`, no `isinstance`
+  on a model class and no imported module's attribute set at run time, but in the ADAPTERS at a boundary."""
+  problems, used = [], set()
+  for path in sorted([*PACKAGE.rglob("*.py"), *(REPO_ROOT / "scripts").rglob("*.py")]):
+    name = path.relative_to(REPO_ROOT).as_posix()
+    for functions, line, kind, code in _probes(path):
+      excused = {(name, function, kind) for function in functions} & set(ADAPTERS)
+      used |= excused
+      if not excused:
+        problems.append(f"{name}:{line} ({'.'.join(functions) or 'module'}) {kind}: {code}")
+  problems += [f"{path}: {function}() has no {kind} to excuse now: remove it from ADAPTERS"
+               for path, function, kind in ADAPTERS if (path, function, kind) not in used]
   assert not problems, "\n".join(problems)

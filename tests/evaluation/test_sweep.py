@@ -320,7 +320,7 @@ def test_a_t5_pair_on_a_tfds_task_decodes_t5_prompts(tmp_path, monkeypatch):
   assert len(done) == 2 and {r["metric"] for r in done} == {"bleu"}   # the verifier alone, one SpecCascade
   with pytest.raises(ValueError, match="unknown task 'wmt'; local tasks: .*tfds tasks: wmt_t2t_ende"):
     sweep.run(smoke(tmp_path / "bad.jsonl", "Experiment.task = 'wmt'"), progress=False)
-  with pytest.raises(ValueError, match="both be encoder-decoder"):
+  with pytest.raises(ValueError, match="both be decoder-only or both encoder-decoder"):
     sweep.load_workload(smoke(tmp_path / "mixed.jsonl", "Experiment.task = 'wmt_t2t_ende'",
                                "verifier/ModelSource.preset = 't5_tiny'"))
 

@@ -489,6 +489,12 @@ def test_distillation_run_starts_from_an_export_and_rejects_bad_settings(tmp_pat
                                 **{**kwargs, "vocab_size": 2 * V})
 
 
+def test_init_from_t5x_needs_a_t5_preset():
+  """Read from the preset's family (`models.families`), before any model is built."""
+  with pytest.raises(ValueError, match="init_from_t5x needs a T5 preset .*'tiny' is of family 'transformer'"):
+    training.train_and_evaluate(model_dir=None, preset="tiny", init_from_t5x="/nonexistent", num_steps=1)
+
+
 @functools.lru_cache(maxsize=None)
 def _abstract_t5(preset: str):
   """The preset's shapes at T5's vocabulary (traced once per preset: an XL init traces for seconds)."""

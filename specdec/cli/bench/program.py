@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import types
 from typing import Any
 
 NEW_TOKENS, GAMMA = 64, 5
@@ -34,22 +35,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def compiled_generate(*args, **kwargs):
-  """The compiled program `decoding.generate(*args, **kwargs)` runs: `decoding.lower`'s, or for revisions
-  without it, its jitted kernel's with the arguments captured from one call."""
+  """The compiled program `decoding.generate(*args, **kwargs)` runs: `decoding.lower`'s.
+
+  An adapter to the revisions `--before` measures: those before f1e0e0f (86bdb81, issue 38's before) have no
+  `lower`. Their `generate` calls the jitted kernel `_generate`, whose arguments are captured from one call of a
+  copy of `generate` that reads a capturing kernel as its `_generate`: the revision's module is left as it is."""
   from specdec import decoding
 
   if hasattr(decoding, "lower"):
     return decoding.lower(*args, **kwargs).compile()
-  kernel, captured = decoding._generate, {}
+  kernel, captured, generate = decoding._generate, {}, decoding.generate
 
   def capture(*a, **k):
     captured.update(args=a, kwargs=k)
     return kernel(*a, **k)
-  decoding._generate = capture
-  try:
-    decoding.generate(*args, **kwargs)
-  finally:
-    decoding._generate = kernel
+  capturing = types.FunctionType(generate.__code__, {**generate.__globals__, "_generate": capture},
+                                 generate.__name__, generate.__defaults__, generate.__closure__)
+  capturing.__kwdefaults__ = generate.__kwdefaults__
+  capturing(*args, **kwargs)
   return kernel.lower(*captured["args"], **captured["kwargs"]).compile()
 
 
