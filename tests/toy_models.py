@@ -63,7 +63,7 @@ class PositionalTrigram:
     previous = jnp.concatenate([jnp.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
     return self.table[positions[None], previous, tokens]
 
-  def init_cache(self, batch_size, cache_length):
+  def init_cache(self, batch_size, cache_length, layout=None):   # its own state: no keys/values to lay out
     return Cache(kv=jnp.zeros((batch_size, cache_length), jnp.int32),
                  lengths=jnp.zeros((batch_size,), jnp.int32))
 

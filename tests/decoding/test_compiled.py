@@ -52,7 +52,7 @@ def test_compiled_generate_copies_no_cache_sized_buffer(preset, method, params, 
 def test_methods_with_variable_width_calls_copy_no_cache_on_the_accelerator_path(method, params, monkeypatch):
   """On TPU/GPU every verifier call takes the full width (`common.narrow_calls`): no `lax.switch` over calls
   that update the cache, whose branches XLA would give copies of it (as it does on the CPU path)."""
-  monkeypatch.setattr(common, "narrow_calls", lambda: False)
+  monkeypatch.setattr(common, "narrow_calls", lambda platform: False)
   drafter, verifier = _pair("tiny")
   lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, jnp.ones((BATCH, PROMPT), jnp.int32),
                            method=method, max_new_tokens=NEW, temperature=1.0, eos_id=None, **params)
@@ -96,13 +96,13 @@ def test_lower_from_shapes_alone_builds_the_program_of_the_arrays():
 
 
 def test_backend_choices_follow_the_platform_traced_for():
-  """The top-p search and call narrowing follow the platform a program is built for (the models'), not the
-  process's backend: a TPU program lowered on a CPU host makes the TPU's choices."""
+  """The top-p search, call narrowing and the caches' layout follow the platform a program is built for (the
+  models'), not the process's backend: a TPU program lowered on a CPU host makes the TPU's choices."""
   assert decoding.Sampling(top_p=0.9).checked("tpu").top_p_method == "top_k"
   assert decoding.Sampling(top_p=0.9).checked("cpu").top_p_method == "bisection"
   assert decoding.Sampling(top_p=0.9, top_p_method="bisection").checked("tpu").top_p_method == "bisection"
-  with common.target_platform("tpu"):
-    assert not common.narrow_calls()
-  with common.target_platform("cpu"):
-    assert common.narrow_calls()
-  assert common.narrow_calls() == (jax.default_backend() == "cpu")
+  tpu, cpu = common.Program.of("tpu"), common.Program.of("cpu")
+  assert (tpu.narrow_calls, tpu.cache_layout) == (False, "slots")
+  assert (cpu.narrow_calls, cpu.cache_layout) == (True, "heads")
+  assert common.Program.of("cpu", "slots").cache_layout == "slots"
+  assert common.Program.of() == common.Program.of(jax.default_backend())
