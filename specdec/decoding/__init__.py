@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import checks, rng
+from specdec import checks, rng, sampling as sampling_lib
 # Importing a method's module registers it (`methods.register`); this order is the order of `METHODS`.
 from specdec.decoding import autoregressive, speculative, cascades, cs_drafting, multi_draft  # noqa: F401
 from specdec.decoding import common, methods
@@ -27,9 +27,9 @@ from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_
 from specdec.decoding.methods import METHODS, Bounds, Method, Param, count_bounds, register
 from specdec.models import partitioning
 from specdec.models.base import Model
-from specdec.core.sampling import Sampling
 
 Array = jax.Array
+Sampling = sampling_lib.Sampling   # `decoding.Sampling`: how tokens are drawn (`specdec.sampling`)
 
 # End-of-sequence id of T5's vocabularies and of the shipped SentencePiece vocabulary (pad 0, eos 1, unk 2):
 # generation stops there unless `generate` is told otherwise (eos_id=None decodes max_new_tokens always).

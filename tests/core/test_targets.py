@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from specdec import sampling, targets, theory, verify
-from specdec.core.targets import RULES
 
-NORMALISED_RULES = [r for r in RULES if r != "lossy"]  # lossy with β = 1 has Σπ ≥ 1
+NORMALISED_RULES = [r for r in targets.RULES if r != "lossy"]  # lossy with β = 1 has Σπ ≥ 1
 ALPHAS = {"chow_log": 0.7, "diff_log": 0.2, "opt_log": 0.5, "bild": 1.3}
 
 
