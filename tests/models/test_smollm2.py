@@ -15,7 +15,7 @@ from specdec.data import load_vocabulary, pretrained
 from specdec.decoding.drafters import MaxGram
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.models import feature_head
-from specdec.training import load_model, save_gguf
+from specdec.training import exports, load_model, save_gguf
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 STORY = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
@@ -112,23 +112,30 @@ def test_the_chat_template_is_rendered_as_transformers_renders_it(vocab, referen
   assert vocab.encode("<|im_start|>user")[0] == vocab.piece_id("<|im_start|>")
 
 
-def _drafters(ours):
-  return {
-      "model": models.build("llama_tiny", vocab_size=ours.vocab_size, seed=1, max_length=256),
-      "max_gram": MaxGram(vocab_size=ours.vocab_size),
-      "feature": FeatureDrafter(feature_head.init(ours, jax.random.PRNGKey(2)), ours),
-  }
+def _drafter(ours, kind):
+  if kind == "model":
+    return models.build("llama_tiny", vocab_size=ours.vocab_size, seed=1, max_length=256)
+  if kind == "max_gram":
+    return MaxGram(vocab_size=ours.vocab_size)
+  if kind == "feature":
+    return FeatureDrafter(feature_head.init(ours, jax.random.PRNGKey(2)), ours)
+  return exports.load_drafter(pretrained.resolve(pretrained.default_drafter("smollm2")), ours)   # the shipped head
 
 
-@pytest.mark.parametrize("kind", ["model", "max_gram", "feature"])
-def test_greedy_speculative_decoding_over_smollm2_is_its_greedy_decoding(ours, vocab, kind):
+@pytest.mark.parametrize("kind, method", [("model", "speculative"), ("max_gram", "speculative"),
+                                          ("feature", "speculative"), ("shipped_head", "speculative"),
+                                          ("shipped_head", "dynamic_tree")])
+def test_greedy_speculative_decoding_over_smollm2_is_its_greedy_decoding(ours, vocab, kind, method):
   prompt = _chat_ids(vocab, CHAT)
   kw = dict(temperature=0.0, max_new_tokens=24, eos_id=None)
   want = decoding.generate(jax.random.PRNGKey(0), None, ours, jnp.asarray([prompt]), method="autoregressive", **kw)
-  got = decoding.generate(jax.random.PRNGKey(0), _drafters(ours)[kind], ours, jnp.asarray([prompt]),
-                          method="speculative", gamma=3, **kw)
+  params = {"num_drafts": 2} if method == "dynamic_tree" else {}
+  got = decoding.generate(jax.random.PRNGKey(0), _drafter(ours, kind), ours, jnp.asarray([prompt]),
+                          method=method, gamma=3, **params, **kw)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert "Paris" in vocab.decode(np.asarray(want.tokens[0]))
+  if kind == "shipped_head" and method == "speculative":   # trained: a random head has almost none accepted
+    assert int(got.stats.accepted[0]) >= 0.2 * int(got.stats.drafted[0])
 
 
 def test_an_f16_export_with_the_files_tokenizer_is_read_back(ours, vocab, path, tmp_path):

@@ -51,17 +51,10 @@ from specdec.evaluation import bench
 from specdec.training import acceptance, export_name, exports, load_model
 
 
-def _head_step_seconds(drafter, prefix: int, repeats: int) -> float:
-  """One draft step of a feature drafter at batch 1: the head reads one (feature, embedding) pair after
-  `prefix` cached ones, and the verifier's output layer reads its prediction."""
-  head, verifier = drafter.head, drafter.verifier
-  cache = head.init_cache(1, prefix + 2)
-  features = jnp.ones((1, prefix, head.config.embed_dim), jnp.float32)
-  _, cache = head.score(cache, features, verifier.token_embeddings(jnp.ones((1, prefix), jnp.int32)))
-  step = jax.jit(lambda d, c, f, t: d.verifier.output_logits(
-      d.head.score(c, f, d.verifier.token_embeddings(t))[0]))
-  return bench.median_seconds(lambda: step(drafter, cache, features[:, :1], jnp.ones((1, 1), jnp.int32)),
-                              repeats=repeats)
+def _head_step_seconds(drafter, prefix: int, repeats: int, gamma: int = 4) -> float:
+  """One draft step of a feature drafter at batch 1 after `prefix` committed positions: a block of γ greedy drafts
+  (`bench.draft_seconds`: the head and its output layer over the draft vocabulary, sampling included) over γ."""
+  return bench.draft_seconds(drafter, drafter.verifier, gamma=gamma, prefix=prefix, repeats=repeats) / gamma
 
 
 def _acceptance_for(tokens_per_block: float, gamma: int) -> float:
@@ -240,7 +233,10 @@ def trained_pairs(args: argparse.Namespace, record: dict[str, Any]) -> None:
 
     timed = [lambda number, trial, run=run: decode(*run[1:], groups[number], jax.random.PRNGKey(
         trial * len(groups) + number)) for run in runs]
-    seconds = bench.interleaved(timed, range(len(groups)), trials=args.trials, on_output=count).sum(axis=1)
+    # Untimed first: one group of each width and size (one compiled program each).
+    shapes = {(tasks.bucket_width(lengths[group].max()), len(group)): number for number, group in enumerate(groups)}
+    seconds = bench.interleaved(timed, range(len(groups)), trials=args.trials, warmup=sorted(shapes.values()),
+                                on_output=count).sum(axis=1)
     per_token = [seconds[i] / max(totals[i]["generated"], 1) for i in range(len(runs))]
     print(f"temperature {temperature}: {args.trials} trial(s) x {len(rows)} examples, batch {args.batch}")
     for i, (label, _, method, _, _) in enumerate(runs):
