@@ -122,8 +122,7 @@ _copy_slots = jax.jit(lambda model, cache, *slots: model.copy_slots(cache, *slot
 
 def _prefilled(model, batch: Batch, layout: str | None = None):
   """(pending tokens [B], cache) of `prefill` into an empty cache of `layout` (None: the platform's)."""
-  with base.forced_cache_layout(layout):
-    cache = model.init_cache(len(batch.prompts), CACHE)
+  cache = model.init_cache(len(batch.prompts), CACHE, layout=layout)
   return _prefill(model, cache, batch.prompts, batch.prompt_lengths)
 
 
@@ -311,8 +310,7 @@ def test_teacher_forced_hidden_states_are_the_ones_the_logits_are_read_from(fami
   logits, hidden = prompting.logits(model, batch, return_hidden=True)
   _close(logits, prompting.logits(model, batch))
   _close(model.output_logits(hidden), logits)
-  with base.forced_cache_layout(None):
-    cache = model.init_cache(B, CACHE)
+  cache = model.init_cache(B, CACHE)
   *_, prompt_hidden = _prefill(model, cache, batch.prompts, batch.prompt_lengths, return_hidden=True)
   for b, length in enumerate(batch.prompt_lengths):
     _close(prompt_hidden[b, :length], hidden[b, :length])
@@ -320,20 +318,20 @@ def test_teacher_forced_hidden_states_are_the_ones_the_logits_are_read_from(fami
 
 @pytest.mark.parametrize("layout", base.CACHE_LAYOUTS)
 def test_init_cache_holds_one_array_per_layer_in_the_layout(family, layout):
-  """`init_cache` (its layout chosen by `base.forced_cache_layout`, the platform's otherwise): keys and values, one
+  """`init_cache` in a layout (its `layout` argument; the platform's by default): the cache says which; keys and values, one
   array per layer, [B, K, C, D] ("heads") or [C, B, K·D] ("slots") with K = config.cache_heads and D =
   config.head_dim, all zero; lengths [B] int32 zeros; cache lengths outside [1, max_length] are refused."""
   model, _ = family
-  with base.forced_cache_layout(layout):
-    cache = model.init_cache(B, CACHE)
-    for length in (0, model.max_length + 1):
-      with pytest.raises(ValueError, match="cache_length must lie in"):
-        model.init_cache(B, length)
+  cache = model.init_cache(B, CACHE, layout=layout)
+  for length in (0, model.max_length + 1):
+    with pytest.raises(ValueError, match="cache_length must lie in"):
+      model.init_cache(B, length, layout=layout)
   k, d = model.config.cache_heads, model.config.head_dim
   shape = {"heads": (B, k, CACHE, d), "slots": (CACHE, B, k * d)}[layout]
   assert len(cache.kv["keys"]) == len(cache.kv["values"]) > 0
   for array in cache.kv["keys"] + cache.kv["values"]:
-    assert array.shape == shape and base.cache_slots(array) == CACHE and not np.any(np.asarray(array))
+    assert array.shape == shape and not np.any(np.asarray(array))
+  assert cache.layout == layout and base.cache_slots(cache) == CACHE
   assert cache.lengths.dtype == jnp.int32
   np.testing.assert_array_equal(cache.lengths, np.zeros(B))
 
