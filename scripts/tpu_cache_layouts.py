@@ -34,7 +34,7 @@ from specdec.models import attention_kernel, base
 def _write(layout: str, write: str, cache, new, slots):
   """cache with new [B, n, H, D] at slots [B, n] of each row (dropped beyond the cache)."""
   if layout == "slots":
-    return base.write_slots(cache, new, slots)
+    return base.write_slots(cache, new, slots, "slots")
   if write == "per_token":
     axis = 1 if layout == "bhcd" else 0
     for j in range(new.shape[1]):

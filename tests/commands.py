@@ -1,6 +1,7 @@
 """Running a command as a user does, in its own process (the command-line tests): `command`, its environment
-`ENV`, and `interrupt` / `interrupted_line` for Ctrl-C."""
+`ENV`, and `interrupt` / `interrupted_line` for Ctrl-C; and `load_script`, a script of scripts/ as a module."""
 
+import importlib.util
 import os
 import pathlib
 import signal
@@ -19,6 +20,14 @@ VOCAB = load_vocabulary().vocab_size   # the shipped vocabulary's size
 def command(module: str, *args: str) -> list[str]:
   """`python -m specdec.cli.<module> args…`: what the console script runs."""
   return [sys.executable, "-m", f"specdec.cli.{module}", *args]
+
+
+def load_script(name: str):
+  """scripts/<name>.py imported as the module `<name>_script` (its `main` called in-process)."""
+  spec = importlib.util.spec_from_file_location(f"{name}_script", REPO_ROOT / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO_ROOT)}

@@ -65,6 +65,13 @@ def random_distributions(rng: np.random.Generator, shape, *, sparsity: float = 0
   return (x / x.sum(-1, keepdims=True)).astype(np.float32)
 
 
+def draw(rng: np.random.Generator, probs) -> np.ndarray:
+  """One index per row of `probs` [..., V] by inverse CDF (float64: no mass beyond the support)."""
+  cdf = np.cumsum(np.asarray(probs, np.float64), axis=-1)
+  u = rng.random(cdf.shape[:-1]) * cdf[..., -1]
+  return np.minimum(np.sum(u[..., None] >= cdf, axis=-1), cdf.shape[-1] - 1)
+
+
 def sequence_law(model, prompt, n_new: int, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
   """The law of the n_new tokens a model samples after `prompt` (S(·) at `temperature`, `top_p`), by
   enumeration over all V^n_new continuations (teacher-forced `model.logits`): [V^n_new], indexed by

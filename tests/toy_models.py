@@ -1,5 +1,6 @@
 """The tests' small models: a toy model behind the `specdec.models.base` interface, for exact law tests of the
-decode loops, and the random tiny drafter/verifier pairs that the decoding and drafter tests share.
+decode loops, a toy drafter that agrees with it often, and the random tiny drafter/verifier pairs of any family
+that the decoding, drafter and model tests share.
 
 The toy model's logits after position t depend on (t, x_{t−1}, x_t) through a random table, and it keeps a
 real token cache, so a wrong rollback (a stale draft read back), an off-by-one position or a wrongly kept tree
@@ -20,20 +21,25 @@ from specdec.models.base import Cache, Scored
 
 
 @functools.lru_cache(maxsize=None)
-def tiny(seed: int, vocab_size: int, max_length: int, *, scale: float = 1.0, preset: str = "tiny"):
+def tiny(seed: int, vocab_size: int, max_length: int, *, scale: float = 1.0, preset: str = "tiny", **fields):
   """`models.build(preset, …)` with every weight multiplied by `scale` (random weights scaled up give
   distributions far from uniform), built once per test process: models are immutable, so the tests that
   ask for the same one share it. Tests that use one configuration (vocabulary, max_length, preset) also
   share the compiled programs of the same calls (the jit cache and the run's persistent compilation cache
-  key on shapes, not on weights)."""
-  model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
+  key on shapes, not on weights). `fields` override the preset's config fields (a Gemma 2 of another window)."""
+  if fields:
+    family = models.families.for_preset(preset)
+    config = family.config(vocab_size, max_len=max_length, **{**family.presets[preset], **fields})
+    model = family.architecture.init(config, jax.random.PRNGKey(seed))
+  else:
+    model = models.build(preset, vocab_size=vocab_size, seed=seed, max_length=max_length)
   return model if scale == 1.0 else models.with_params(model, jax.tree.map(lambda w: scale * w, model.params))
 
 
 def tiny_pair(vocab_size: int, max_length: int, *, seeds: tuple[int, int] = (5, 4), scale: float = 1.0,
-              preset: str = "tiny"):
+              preset: str = "tiny", **fields):
   """(drafter, verifier): two `tiny` models of one configuration, seeds (drafter's, verifier's)."""
-  return tuple(tiny(seed, vocab_size, max_length, scale=scale, preset=preset) for seed in seeds)
+  return tuple(tiny(seed, vocab_size, max_length, scale=scale, preset=preset, **fields) for seed in seeds)
 
 
 @struct.dataclass
@@ -63,7 +69,7 @@ class PositionalTrigram:
     previous = jnp.concatenate([jnp.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
     return self.table[positions[None], previous, tokens]
 
-  def init_cache(self, batch_size, cache_length):
+  def init_cache(self, batch_size, cache_length, layout=None):   # its own state: no keys/values to lay out
     return Cache(kv=jnp.zeros((batch_size, cache_length), jnp.int32),
                  lengths=jnp.zeros((batch_size,), jnp.int32))
 
@@ -88,3 +94,11 @@ class PositionalTrigram:
     rows = jnp.arange(cache.lengths.shape[0])[:, None]
     return cache.replace(kv=cache.kv.at[rows, target_slots].set(cache.kv[source_rows[:, None], source_slots],
                                                                 mode="drop"))
+
+
+def agreeing_toys(vocab_size: int, noise: float = 0.7) -> tuple[PositionalTrigram, PositionalTrigram]:
+  """(drafter, verifier): a random `PositionalTrigram` and a drafter whose logit table is the verifier's plus
+  noise: greedy outputs that change with position and context, drafts often but not always accepted."""
+  verifier = PositionalTrigram.random(2, vocab_size)
+  table = verifier.table + noise * np.random.default_rng(9).normal(size=verifier.table.shape)
+  return verifier.replace(table=jnp.asarray(table, jnp.float32)), verifier

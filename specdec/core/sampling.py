@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec.core import _top_p, checks, rng
+from specdec import checks, rng
+from specdec.core import _top_p
 
 Array = jax.Array
 

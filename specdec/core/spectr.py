@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize, sparse
 
-from specdec.core import checks, rng, sampling
+from specdec import checks, rng, sampling
 
 Array = jax.Array
 

@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec.core import checks
-from specdec.core.sampling import entropy, masked_sum
+from specdec import checks, sampling
 
 Array = jax.Array
 Inputs = frozenset[str]   # a subset of {"q", "p", "q_raw", "p_raw"}
@@ -152,13 +151,13 @@ def _per_token(x) -> Array:
 
 def tv_distance(p: Array, q: Array) -> Array:
   """D_TV(p, q) = Σ_v max(0, p(v) − q(v)) over the last axis (Lemma 3)."""
-  return masked_sum(p - q, p > q)[0]
+  return sampling.masked_sum(p - q, p > q)[0]
 
 
 def bild_discrepancy(q: Array, p_raw: Array) -> Array:
   """D(q, p) = −Σ_v q(v)·log p_raw(v): cross-entropy, and −log p_raw(argmax q) when q is one-hot."""
   log_p = jnp.log(jnp.maximum(p_raw, jnp.finfo(jnp.float32).tiny))
-  return -masked_sum(q * log_p, q > 0)[0]
+  return -sampling.masked_sum(q * log_p, q > 0)[0]
 
 
 def deferral(rule: str, *, q_raw: Array, p_raw: Array | None = None, q: Array | None = None,
@@ -208,7 +207,7 @@ def lossy_beta(q: Array, p: Array, alpha, *, iterations: int = 64) -> Array:
   all give π = q: the smallest, max(1, max p/q) (at most 1e12, where q = 0 < p), is returned.
   """
   excess = q - p / (1.0 - _per_token(alpha))
-  lhs, n_excess = masked_sum(excess, excess > 0.0)
+  lhs, n_excess = sampling.masked_sum(excess, excess > 0.0)
   tuned = n_excess > 0
 
   def moving(state):
@@ -219,7 +218,7 @@ def lossy_beta(q: Array, p: Array, alpha, *, iterations: int = 64) -> Array:
   def newton(state):
     beta, _, previous_count, _, k = state
     active = p > beta[..., None] * q
-    (above_p, n_active), (above_q, _) = masked_sum(p, active), masked_sum(q, active)
+    (above_p, n_active), (above_q, _) = sampling.masked_sum(p, active), sampling.masked_sum(q, active)
     step = jnp.where(tuned, jnp.maximum(beta, above_p / (lhs + above_q)), beta)
     return step, beta, n_active, previous_count, k + 1
 
@@ -280,7 +279,7 @@ def _token_rule(name: str, reads: set[str], summary: str) -> Rule:
   """A token-specific rule π(v) = q(v)·(1 − r(v)) + p(v)·Σ_v' r(v')·q(v') (eqs. 11, 16, Alg. 6)."""
   def target(*, q, p, q_raw, p_raw, alpha, beta):
     r = token_deferral(name, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
-    eta = masked_sum(q, r)[0][..., None]
+    eta = sampling.masked_sum(q, r)[0][..., None]
     return jnp.where(r, 0.0, q) + p * eta
   return Rule(name, target, reads=frozenset({"q", "p"} | reads), summary=summary)
 
@@ -307,16 +306,16 @@ for _rule in (
                    "BiLD*: defer when −Σ q·log p_raw > α (q transformed)", alpha_unit="nats"),
     _deferral_rule("chow", lambda *, q_raw, p_raw, q, p, alpha: jnp.max(q_raw, axis=-1) < 1.0 - alpha, {"q_raw"},
                    "defer when max q_raw < 1 − α (eq. 2)"),
-    _deferral_rule("chow_log", lambda *, q_raw, p_raw, q, p, alpha: entropy(q_raw) > alpha, {"q_raw"},
+    _deferral_rule("chow_log", lambda *, q_raw, p_raw, q, p, alpha: sampling.entropy(q_raw) > alpha, {"q_raw"},
                    "defer when entropy(q_raw) > α", alpha_unit="nats"),
     _deferral_rule("diff", lambda *, q_raw, p_raw, q, p, alpha: jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1)
                    - alpha, {"q_raw", "p_raw"}, "defer when max q_raw < max p_raw − α (eq. 5)"),
-    _deferral_rule("diff_log", lambda *, q_raw, p_raw, q, p, alpha: entropy(p_raw) < entropy(q_raw) - alpha,
-                   {"q_raw", "p_raw"}, "defer when entropy(p_raw) < entropy(q_raw) − α", alpha_unit="nats"),
+    _deferral_rule("diff_log", lambda *, q_raw, p_raw, q, p, alpha: sampling.entropy(p_raw) < sampling.entropy(q_raw)
+                   - alpha, {"q_raw", "p_raw"}, "defer when entropy(p_raw) < entropy(q_raw) − α", alpha_unit="nats"),
     _deferral_rule("opt", lambda *, q_raw, p_raw, q, p, alpha: jnp.max(q_raw, axis=-1) < jnp.max(p_raw, axis=-1)
                    - alpha * tv_distance(p, q), {"q_raw", "p_raw", "q", "p"},
                    "defer when max q_raw < max p_raw − α·D_TV(p, q) (eq. 10)"),
-    _deferral_rule("opt_log", lambda *, q_raw, p_raw, q, p, alpha: entropy(p_raw) < entropy(q_raw)
+    _deferral_rule("opt_log", lambda *, q_raw, p_raw, q, p, alpha: sampling.entropy(p_raw) < sampling.entropy(q_raw)
                    - alpha * tv_distance(p, q), {"q_raw", "p_raw", "q", "p"},
                    "defer when entropy(p_raw) < entropy(q_raw) − α·D_TV(p, q)", alpha_unit="nats"),
     _token_rule("token_v1", {"q_raw", "p_raw"}, "r(v) = [q_raw(v) < max p_raw − α] (eq. 13)"),

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec.core import checks, rng, sampling, verify
+from specdec import checks, rng, sampling, verify
 
 Array = jax.Array
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specdec.core import checks, rng, sampling
+from specdec import checks, rng, sampling
 
 Array = jax.Array
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import checks, rng
+from specdec import checks, rng, sampling as sampling_lib
 # Importing a method's module registers it (`methods.register`); this order is the order of `METHODS`.
 from specdec.decoding import autoregressive, speculative, cascades, cs_drafting, multi_draft  # noqa: F401
 from specdec.decoding import common, methods
@@ -25,11 +25,11 @@ from specdec.decoding.common import Output, Stats
 from specdec.decoding.cs_drafting import HorizontalCascade, VerticalCascade, cs_drafter
 from specdec.decoding.drafters import Draft, Drafter, MaxGram, ModelDrafter, as_drafter, bigram_table
 from specdec.decoding.methods import METHODS, Bounds, Method, Param, count_bounds, register
-from specdec.models import base, partitioning
+from specdec.models import partitioning
 from specdec.models.base import Model
-from specdec.core.sampling import Sampling
 
 Array = jax.Array
+Sampling = sampling_lib.Sampling   # `decoding.Sampling`: how tokens are drawn (`specdec.sampling`)
 
 # End-of-sequence id of T5's vocabularies and of the shipped SentencePiece vocabulary (pad 0, eos 1, unk 2):
 # generation stops there unless `generate` is told otherwise (eos_id=None decodes max_new_tokens always).
@@ -113,7 +113,7 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
              prompt_lengths: Array | None = None, *, method: str, max_new_tokens: int,
              sampling: Sampling | None = None, temperature: float | None = None, top_p: float | None = None,
              top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, row_ids: Array | None = None,
-             **params: Any) -> Output:
+             cache_layout: str | None = None, **params: Any) -> Output:
   """Decodes a batch of prompts [B, L] (row b's prompt is prompts[b, :prompt_lengths[b]]; None: all of L).
 
   method (`methods.METHODS`, docs/methods.md; its parameters as keyword arguments, defaults in brackets):
@@ -124,14 +124,15 @@ def generate(key: Array, drafter: Model | Drafter | None, verifier: Model, promp
   stop at `eos_id` (default: T5's and the shipped vocabulary's, 1; None: always max_new_tokens).
   Randomness is per row: row b draws from fold_in(key, row_ids[b]) alone (`specdec.rng`; default ids
   0 … B−1), so a prompt's sample depends on (key, its id), not on its batch position or the batch size.
+  `cache_layout`: the KV caches' (`models.base.CACHE_LAYOUTS`; None: the platform's, `base.cache_layout`).
   Returns tokens [B, max_new_tokens] (0 after each row's end), lengths [B] and per-row stats. NaN in a
   model's logits stops the affected rows (inside the jitted loop, without a host round-trip) and then
   raises FloatingPointError naming them. Bad arguments raise ValueError before any compute.
   """
   args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
                           sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
-                          row_ids=row_ids, params=params)
-  out = _program(static["platform"])(key, *args, **static)
+                          row_ids=row_ids, cache_layout=cache_layout, params=params)
+  out = _program(static["program"])(key, *args, **static)
   failed = np.asarray(out.failed)
   if failed.any():
     raise FloatingPointError(f"NaN logits reached rows {np.flatnonzero(failed).tolist()} of the batch; "
@@ -143,7 +144,7 @@ def lower(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts:
           prompt_lengths: Array | None = None, *, method: str, max_new_tokens: int,
           sampling: Sampling | None = None, temperature: float | None = None, top_p: float | None = None,
           top_k: int | None = None, eos_id: int | None = DEFAULT_EOS_ID, row_ids: Array | None = None,
-          **params: Any) -> jax.stages.Lowered:
+          cache_layout: str | None = None, **params: Any) -> jax.stages.Lowered:
   """The program `generate` runs for these arguments, lowered, not run: `.compile().as_text()` is its
   optimized HLO, `.compile().memory_analysis()` its memory (tests and benchmarks read both).
 
@@ -151,25 +152,25 @@ def lower(key: Array, drafter: Model | Drafter | None, verifier: Model, prompts:
   `jax.ShapeDtypeStruct`s laid out on a mesh or a device, e.g. a TPU topology's compile-only devices,
   `jax.experimental.topologies`) and prompts [B, L] as a `jax.ShapeDtypeStruct` lower without weights or
   data; every other argument (the key included) is made abstract on the models' mesh or device. Every
-  backend-dependent choice (the top-p search, call narrowing) follows the models' platform, not this
-  process's backend."""
+  backend-dependent choice (the top-p search, call narrowing, the KV caches' layout: `common.Program`) follows
+  the models' platform, not this process's backend."""
   args, static = _prepare(drafter, verifier, prompts, prompt_lengths, method=method, max_new_tokens=max_new_tokens,
                           sampling=sampling, temperature=temperature, top_p=top_p, top_k=top_k, eos_id=eos_id,
-                          row_ids=row_ids, params=params)
+                          row_ids=row_ids, cache_layout=cache_layout, params=params)
   if _abstract(args[2]):
     key = partitioning.abstract_batch(key, static["mesh"] or partitioning.device_of(verifier), -1)
-  return _program(static["platform"]).lower(key, *args, **static)
+  return _program(static["program"]).lower(key, *args, **static)
 
 
 def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_tokens, sampling, temperature, top_p,
-             top_k, eos_id, row_ids, params) -> tuple[tuple, dict[str, Any]]:
+             top_k, eos_id, row_ids, cache_layout, params) -> tuple[tuple, dict[str, Any]]:
   """`generate`'s checks on the host: the jitted loop's arguments after the key, and its static arguments."""
   spec = methods.get(method)
   params = spec.resolve(params)
   # The platform the program is built for: where the models are (a TPU topology's compile-only devices
   # for a plan made on a CPU host), else this process's backend.
-  platform = partitioning.platform_of((verifier, prompts)) or jax.default_backend()
-  sampling = _sampling(sampling, temperature, top_p, top_k, platform)
+  program = common.Program.of(partitioning.platform_of((verifier, prompts)), cache_layout)
+  sampling = _sampling(sampling, temperature, top_p, top_k, program.platform)
   max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
   if eos_id is not None:
     eos_id = _int("eos_id", eos_id, 0)
@@ -205,26 +206,17 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
   args = (drafter, verifier) + loose
   return args, dict(method=method, static=tuple(sorted(spec.static(params).items())),
                     max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=positions, mesh=mesh,
-                    platform=platform, cache_layout=_cache_layout(platform))
-
-
-def _cache_layout(platform: str) -> str:
-  """The KV-cache layout of programs built for `platform` (`models.base.cache_layout`), decided before the
-  trace so that it keys the compiled program."""
-  with common.target_platform(platform):
-    return base.cache_layout()
+                    program=program)
 
 
 def _decode(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, traced, *, method, static,
-            max_new_tokens, eos_id, cache_length, mesh, platform, cache_layout) -> Output:
+            max_new_tokens, eos_id, cache_length, mesh, program) -> Output:
   # Traced under the models' mesh, if any: the models then gather their logits over 'model' once per call
-  # (`partitioning.gather_vocab`); for the models' platform (`common.target_platform`), its caches in
-  # `cache_layout`.
-  with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext(),
-        common.target_platform(platform), base.forced_cache_layout(cache_layout)):
+  # (`partitioning.gather_vocab`).
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
     return METHODS[method].decode(rng.per_row(key, row_ids), drafter, verifier, prompts, prompt_lengths,
                                   sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                  cache_length=cache_length, **traced, **dict(static))
+                                  cache_length=cache_length, program=program, **traced, **dict(static))
 
 
 # XLA options of the decode programs built for TPU. No memory-space assignment into a v4 chip's CMEM: it moved
@@ -233,14 +225,14 @@ def _decode(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, 
 # each weight and cache entry once per call does not win back (experiments/tpu_v4_plan). Chips without
 # CMEM (v5e) ignore it.
 TPU_COMPILER_OPTIONS = {"xla_tpu_cmem_memory_space_assignment": False}
-_STATIC = ("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh", "platform", "cache_layout")
+_STATIC = ("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh", "program")
 _generate = jax.jit(_decode, static_argnames=_STATIC)
 _generate_tpu = jax.jit(_decode, static_argnames=_STATIC, compiler_options=TPU_COMPILER_OPTIONS)
 
 
-def _program(platform: str) -> Any:
-  """The jitted decode loop for programs built for `platform`."""
-  return _generate_tpu if platform == "tpu" else _generate
+def _program(program: common.Program) -> Any:
+  """The jitted decode loop for programs built for `program`'s platform."""
+  return _generate_tpu if program.platform == "tpu" else _generate
 
 
 # The method list of `generate`'s docstring, from the registry (no docstrings under python -OO).

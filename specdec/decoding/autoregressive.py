@@ -25,7 +25,7 @@ class _State:
 
 def autoregressive(key: Array, model: Model, prompts: Array, prompt_lengths: Array, *,
                    sampling: sampling_lib.Sampling, max_new_tokens: int, eos_id: int | None, cache_length: int,
-                   active: Array | None = None, calls: str = "verifier_calls",
+                   program: common.Program, active: Array | None = None, calls: str = "verifier_calls",
                    with_log_confidence: bool = False):
   """x_t ~ S(p(·|x_<t)) one token per model call. Rows where `active` [B] is False emit nothing.
 
@@ -33,7 +33,7 @@ def autoregressive(key: Array, model: Model, prompts: Array, prompt_lengths: Arr
   `with_log_confidence` also returns Σ_t log max_v p_raw(v|x_<t) over each row's tokens [B] (SeqCascade).
   """
   batch = prompts.shape[0]
-  last, cache = prefill(model, model.init_cache(batch, cache_length), prompts, prompt_lengths)
+  last, cache = prefill(model, model.init_cache(batch, cache_length, program.cache_layout), prompts, prompt_lengths)
 
   def step(state: _State, done: Array) -> tuple[_State, common.Emission]:
     key, step_key = rng.split(state.key)

@@ -37,7 +37,7 @@ class _CascadeState(PairState):
 
 def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                    sampling: sampling_lib.Sampling, rule: str, alpha, max_new_tokens: int, eos_id: int | None,
-                   cache_length: int) -> common.Output:
+                   cache_length: int, program: common.Program) -> common.Output:
   """OracleCascade (Alg. 3): both models every step; x_t is drawn from the law that one step of Alg. 4
   with π_t = T(q_t, p_t) emits (`verify.verification_law`: π_t itself when Σπ_t = 1, Tran-Thien's law for
   lossy with β = 1). With a cascade rule this is (1 − δ)·S(q_t) + δ·S(p_t), and in every case it is the
@@ -61,14 +61,15 @@ def oracle_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, 
         failed=common.has_nan(q_logits) | common.has_nan(p_logits),
         counters=dict(drafter_calls=1, verifier_calls=1, verifier_positions=1), deferred=deferred[:, None])
 
-  start = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
+  start = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length,
+                          program.cache_layout)
   output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id)
   return output
 
 
 def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                   sampling: sampling_lib.Sampling, rule: str, alpha, max_new_tokens: int, eos_id: int | None,
-                  cache_length: int) -> common.Output:
+                  cache_length: int, program: common.Program) -> common.Output:
   """TokenCascade (Alg. 2), sequential: the drafter runs until δ(q_raw) = 1 or for MAX_DRAFTER_RUN
   tokens; then the verifier catches up on the accumulated prefix in one call and emits one token from
   S(p) (App. F.1). `rule` must decide from q alone (chow, chow_log).
@@ -96,7 +97,8 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
       tokens = jnp.concatenate([state.pending, jnp.zeros((batch, 1), jnp.int32)], axis=1)
       tokens = tokens.at[rows, state.n_pending].set(state.last)
       needed = jnp.where(defers, state.n_pending + 1, 1)
-      scored, width = common.score_prefix(verifier, state.verifier_cache, tokens, needed, _CATCH_UP_WIDTHS)
+      scored, width = common.score_prefix(verifier, state.verifier_cache, tokens, needed, _CATCH_UP_WIDTHS,
+                                          narrow=program.narrow_calls)
       synced = state.n_pending + 1 <= width
       lengths = state.verifier_cache.lengths + jnp.where(synced, state.n_pending + 1, 0)
       return scored.logits[rows, state.n_pending], rollback(scored.cache, lengths), synced
@@ -123,7 +125,8 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
                                                                             MAX_DRAFTER_RUN + 1)),
                                       deferred=defers[:, None])
 
-  pair = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length)
+  pair = PairState.start(key, ModelDrafter(drafter), verifier, prompts, prompt_lengths, cache_length,
+                         program.cache_layout)
   start = _CascadeState(**vars(pair),
                         pending=jnp.zeros((batch, MAX_DRAFTER_RUN), jnp.int32),
                         n_pending=jnp.zeros((batch,), jnp.int32), run=jnp.zeros((batch,), jnp.int32))
@@ -133,7 +136,7 @@ def token_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, p
 
 def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, alpha, max_new_tokens: int, eos_id: int | None,
-                cache_length: int) -> common.Output:
+                cache_length: int, program: common.Program) -> common.Output:
   """SeqCascade [Chow] (eq. 1): the drafter writes the whole response; the row defers to the verifier,
   which writes a new response from the prompt, when the drafter's confidence is below 1 − α.
 
@@ -145,14 +148,14 @@ def seq_cascade(key: Array, drafter: Model, verifier: Model, prompts: Array, pro
   key_draft, key_verify = rng.split(key)
   drafted, log_confidence = autoregressive(
       key_draft, drafter, prompts, prompt_lengths, sampling=sampling, max_new_tokens=max_new_tokens,
-      eos_id=eos_id, cache_length=cache_length, calls="drafter_calls",
-      with_log_confidence=True)
+      eos_id=eos_id, cache_length=cache_length, program=program, calls="drafter_calls", with_log_confidence=True)
   defers = ~drafted.failed & (
       log_confidence < jnp.log(jnp.maximum(1.0 - jnp.asarray(alpha, jnp.float32), 1e-30)))
 
   def verify_deferred(_):
     return autoregressive(key_verify, verifier, prompts, prompt_lengths, sampling=sampling,
-                          max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length, active=defers)
+                          max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length, program=program,
+                          active=defers)
 
   def nothing_deferred(_):
     return jax.tree.map(jnp.zeros_like, drafted)

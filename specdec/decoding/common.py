@@ -14,6 +14,7 @@ and stops when every row is done.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -27,6 +28,29 @@ from specdec.models import base
 from specdec.models.base import Model
 
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """What a decode program is built for, chosen once where it is built (`decoding.generate`, `decoding.lower`)
+  and passed to the loop as a static argument (it keys the compiled program): the platform ("cpu", "gpu", "tpu";
+  a TPU program lowered on a CPU host is a TPU program) and the layout of the KV caches the loop makes
+  (`base.CACHE_LAYOUTS`)."""
+  platform: str
+  cache_layout: str
+
+  @classmethod
+  def of(cls, platform: str | None = None, cache_layout: str | None = None) -> "Program":
+    """`platform`'s (None: this process's backend), its caches in `cache_layout` (None: the platform's,
+    `base.cache_layout`)."""
+    platform = platform or jax.default_backend()
+    return cls(platform, base.cache_layout(platform) if cache_layout is None else base.check_layout(cache_layout))
+
+  @property
+  def narrow_calls(self) -> bool:
+    """`narrow_calls` for this platform."""
+    return narrow_calls(self.platform)
+
 
 STAT_NAMES = ("drafter_calls", "verifier_calls", "verifier_positions", "drafted", "accepted", "rejected", "deferred",
               "generated")
@@ -175,7 +199,7 @@ def has_nan(x: Array) -> Array:
   return jnp.any(jnp.isnan(x.reshape(x.shape[0], -1)), axis=-1)
 
 
-def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tuple[int, ...], *,
+def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tuple[int, ...], *, narrow: bool,
                  positions: Array | None = None, tree_mask: Array | None = None, return_hidden: bool = False):
   """Scores tokens[:, :w] [B, w] for the smallest static w in `widths` (and tokens.shape[1]) that covers
   every row's `needed` [B] count; returns (`Scored` with logits padded to [B, n, V] and, with
@@ -183,11 +207,11 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   [B, n], `tree_mask` [B, n, n]) is cut to its first w nodes the same way.
 
   A call's cost grows with its width on the CPU (experiments/model_costs/README.md), so there loops that
-  score a variable number of tokens per call pick the width at run time with `lax.switch` instead of
-  always paying for the maximum; elsewhere (`narrow_calls`) every call takes the full width.
+  score a variable number of tokens per call pick the width at run time with `lax.switch` (`narrow`:
+  `Program.narrow_calls`) instead of always paying for the maximum; elsewhere every call takes the full width.
   """
   full = tokens.shape[1]
-  sizes = _sizes(widths, full) if narrow_calls() else [full]
+  sizes = _sizes(widths, full) if narrow else [full]
 
   def branch(width):
     def score(cache):
@@ -204,15 +228,11 @@ def score_prefix(model: Model, cache, tokens: Array, needed: Array, widths: tupl
   return jax.lax.switch(index, [branch(w) for w in sizes], cache)
 
 
-# The platform the loops are traced for: `models.base`'s (the cache layout follows it too).
-target_platform, platform = base.target_platform, base.platform
-
-
-def narrow_calls() -> bool:
-  """Whether `score_prefix` picks a call's width at run time: for the CPU, where a call's cost grows with
-  its width. Not for TPU/GPU, where a memory-bound call of 1 or γ+1 tokens costs about the same and XLA
-  copies the KV cache inside a `lax.switch` whose branches all update it."""
-  return platform() == "cpu"
+def narrow_calls(platform: str) -> bool:
+  """Whether `score_prefix` picks a call's width at run time in programs built for `platform`: for the CPU,
+  where a call's cost grows with its width. Not for TPU/GPU, where a memory-bound call of 1 or γ+1 tokens costs
+  about the same and XLA copies the KV cache inside a `lax.switch` whose branches all update it."""
+  return platform == "cpu"
 
 
 def covering_width(needed: Array, widths: tuple[int, ...], full: int) -> Array:

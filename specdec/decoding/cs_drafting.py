@@ -97,10 +97,11 @@ class VerticalCascade(Drafter):
   def prompt_cache_positions(self, prompt_width: int) -> int:
     return max(self.upper.prompt_cache_positions(prompt_width), self.lower.prompt_cache_positions(prompt_width))
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[VerticalState, Array]:
-    last, upper = prefill(self.upper, self.upper.init_cache(prompts.shape[0], cache_length), prompts,
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int, layout: str | None = None
+            ) -> tuple[VerticalState, Array]:
+    last, upper = prefill(self.upper, self.upper.init_cache(prompts.shape[0], cache_length, layout), prompts,
                           prompt_lengths)
-    lower, _ = self.lower.start(prompts, prompt_lengths, cache_length)
+    lower, _ = self.lower.start(prompts, prompt_lengths, cache_length, layout)
     return VerticalState(upper=upper, lower=lower), last
 
   def rollback(self, state: VerticalState, lengths: Array) -> VerticalState:
@@ -227,8 +228,9 @@ class HorizontalCascade(Drafter):
       left -= counts[-1]
     return counts + [left]
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[HorizontalState, Array]:
-    states = tuple(stage.start(prompts, prompt_lengths, cache_length)[0] for stage in self.stages)
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int, layout: str | None = None
+            ) -> tuple[HorizontalState, Array]:
+    states = tuple(stage.start(prompts, prompt_lengths, cache_length, layout)[0] for stage in self.stages)
     batch, width = prompts.shape
     history = jnp.zeros((batch, cache_length + 1), jnp.int32).at[:, :width].set(prompts)
     length = (prompt_lengths - 1).astype(jnp.int32)
@@ -298,14 +300,14 @@ def cs_drafter(model: Model, *, gamma: int, model_drafts: int | None = None, low
 
 def cs_drafting(key: Array, drafter: Model, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, gamma: int, model_drafts: int | None, lower_gamma: int,
-                lenience, gate: int = 0, max_new_tokens: int, eos_id: int | None, cache_length: int
-                ) -> common.Output:
+                lenience, gate: int = 0, max_new_tokens: int, eos_id: int | None, cache_length: int,
+                program: common.Program) -> common.Output:
   """SpecDecode (lossless) with `cs_drafter(drafter, …)` as the drafter: the verifier's law, CSD's drafting."""
   cascade = cs_drafter(drafter, gamma=gamma, model_drafts=model_drafts, lower_gamma=lower_gamma, lenience=lenience,
                        gate=gate)
   return speculative.speculative(key, cascade, verifier, prompts, prompt_lengths, sampling=sampling, rule="spec",
                                  alpha=0.0, gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                 cache_length=cache_length)
+                                 cache_length=cache_length, program=program)
 
 
 def _uses_max_gram(params) -> bool:

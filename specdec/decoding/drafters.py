@@ -4,7 +4,7 @@ A drafter keeps its own state (a model's KV cache, a statistical drafter's histo
 calls. Every lossless method keeps the verifier's law whatever the drafter proposes: only the verifier's
 acceptance test decides what is emitted, so a new way to draft is a new `Drafter`, not a new loop.
 
-  state, last = drafter.start(prompts [B, L], prompt_lengths [B], cache_length)
+  state, last = drafter.start(prompts [B, L], prompt_lengths [B], cache_length, layout)   # a KV cache's layout
   draft = drafter.propose(key, state, last, max_drafts=γ, sampling=…, keep_drafting=None)
   state = drafter.verified(draft.state, Verified(…))      # after verification (default: a rollback)
   state = drafter.rollback(draft.state, lengths [B])     # keep the first lengths[b] positions of row b
@@ -145,8 +145,10 @@ class Drafter:
 
   vocab_size: int
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Any, Array]:
-    """The state after reading the prompts, and each row's last prompt token [B] (not yet consumed)."""
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int, layout: str | None = None
+            ) -> tuple[Any, Array]:
+    """The state after reading the prompts, and each row's last prompt token [B] (not yet consumed); its KV caches
+    (if any) of `cache_length` slots in `layout` (`Model.init_cache`)."""
     raise NotImplementedError
 
   def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
@@ -251,8 +253,9 @@ class ModelDrafter(Drafter):
     slots = start[:, None] + jnp.arange(width)
     return self.model.copy_slots(state, source_rows, slots, slots)
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Cache, Array]:
-    last, cache = prefill(self.model, self.model.init_cache(prompts.shape[0], cache_length), prompts,
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int, layout: str | None = None
+            ) -> tuple[Cache, Array]:
+    last, cache = prefill(self.model, self.model.init_cache(prompts.shape[0], cache_length, layout), prompts,
                           prompt_lengths)
     return cache, last
 
@@ -387,7 +390,8 @@ class MaxGram(Drafter):
   def variable_length(self) -> bool:
     return self.gate > 0
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[MaxGramState, Array]:
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int, layout: str | None = None
+            ) -> tuple[MaxGramState, Array]:
     batch, width = prompts.shape
     history = jnp.zeros((batch, cache_length + 1), jnp.int32).at[:, :width].set(prompts)
     last = prompts[jnp.arange(batch), prompt_lengths - 1].astype(jnp.int32)

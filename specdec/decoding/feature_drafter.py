@@ -86,7 +86,8 @@ class FeatureDrafter(Drafter):
       raise ValueError("the feature drafter reads another verifier's output layer than the one decoding: build "
                        "it with feature_drafter.FeatureDrafter(head, verifier) for the verifier you decode with")
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[FeatureState, Array]:
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int, layout: str | None = None
+            ) -> tuple[FeatureState, Array]:
     """An empty head cache; the prompt is read by `verified` from the verifier's prefill (a T5 verifier's
     decoder reads nothing of it: the loop hands over its decoder start token as the pending token)."""
     batch = prompts.shape[0]
@@ -94,7 +95,7 @@ class FeatureDrafter(Drafter):
     feature = jnp.zeros((batch, self.head.config.embed_dim), jnp.float32)
     ids = self.head.draft_ids
     table = None if ids is None else jnp.take(self.verifier.output_table(), ids, axis=0)
-    return FeatureState(cache=self.head.init_cache(batch, cache_length), feature=feature, table=table), last
+    return FeatureState(cache=self.head.init_cache(batch, cache_length, layout), feature=feature, table=table), last
 
   def _logits(self, predicted: Array, table: Array | None) -> Array:
     """Next-token logits [B, V] of predicted features [B, 1, E]: through the whole output layer, or through the

@@ -8,7 +8,7 @@ Pareto tables all read `METHODS`; each method is one `register(Method(...))` nex
 (`speculative.py`, `cascades.py`, …; docs/extending.md).
 
   decode(key, drafter, verifier, prompts, prompt_lengths, *, sampling, max_new_tokens, eos_id,
-         cache_length, **params) -> Output
+         cache_length, program, **params) -> Output     # program: `common.Program` (platform, caches' layout)
 """
 
 from __future__ import annotations

@@ -88,9 +88,10 @@ class IIDDrafts:
   def _expand(self, x: Array) -> Array:
     return jnp.repeat(x, self.num_drafts, axis=0)
 
-  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int) -> tuple[Any, Array]:
+  def start(self, prompts: Array, prompt_lengths: Array, cache_length: int, layout: str | None = None
+            ) -> tuple[Any, Array]:
     """The drafter's state for [B·K] rows after the prompts, and each row's pending token [B]."""
-    state, last = self.drafter.start(self._expand(prompts), self._expand(prompt_lengths), cache_length)
+    state, last = self.drafter.start(self._expand(prompts), self._expand(prompt_lengths), cache_length, layout)
     return state, last[::self.num_drafts]
 
   def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling
@@ -151,7 +152,7 @@ def _select(rule: str, key: Array, drafts: DraftSet, p: Array, temperature: Arra
 
 def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, rule: str, num_drafts: int, gamma: int, max_new_tokens: int,
-                eos_id: int | None, cache_length: int) -> common.Output:
+                eos_id: int | None, cache_length: int, program: common.Program) -> common.Output:
   """Multi-draft speculative decoding (module docstring) with selection `rule` ∈ SELECTION_RULES: K =
   `num_drafts` drafts of γ = `gamma` tokens (SpecTr's L) per block, one verifier call on their tree
   (`dynamic_tree`: the drafts are K beams)."""
@@ -178,8 +179,8 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
     tree = tree_lib.build_tree(drafts.tokens, state.last, start)
     needed = jnp.where(done, 1, tree.n_nodes)
     scored, _ = common.score_prefix(verifier, state.verifier_cache, tree.tokens, needed, widths,
-                                    positions=tree.positions, tree_mask=tree.attention_mask,
-                                    return_hidden=drafts_of.reads_verifier)
+                                    narrow=program.narrow_calls, positions=tree.positions,
+                                    tree_mask=tree.attention_mask, return_hidden=drafts_of.reads_verifier)
     logits = scored.logits
     _, p = sampling.distributions(tree_lib.gather_nodes(logits, tree))            # [B, K, γ+1, V]
     n_accepted, draft_index, next_token = _select(rule, key_select, drafts, p, sampling.temperature)
@@ -203,7 +204,7 @@ def multi_draft(key: Array, drafter: Model | Drafter, verifier: Model, prompts: 
     rejected = (jnp.maximum(n_accepted, 0) < gamma).astype(jnp.int32)
     return new_state, emission.replace(counters={**emission.counters, "rejected": rejected})
 
-  start = PairState.start(key, drafts_of, verifier, prompts, prompt_lengths, cache_length)
+  start = PairState.start(key, drafts_of, verifier, prompts, prompt_lengths, cache_length, program.cache_layout)
   output, _ = common.decode_loop(start, step, batch_size=batch, max_new_tokens=max_new_tokens, eos_id=eos_id)
   return output
 

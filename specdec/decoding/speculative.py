@@ -40,9 +40,10 @@ class PairState:
 
   @classmethod
   def start(cls, key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array,
-            cache_length: int) -> "PairState":
-    drafter_state, last = drafter.start(prompts, prompt_lengths, cache_length)
-    empty = verifier.init_cache(prompts.shape[0], cache_length)
+            cache_length: int, layout: str) -> "PairState":
+    """Both models after reading the prompts, their caches of `cache_length` slots in `layout`."""
+    drafter_state, last = drafter.start(prompts, prompt_lengths, cache_length, layout)
+    empty = verifier.init_cache(prompts.shape[0], cache_length, layout)
     if drafter.reads_verifier and verifier.encoder_decoder:
       # The prompt is the encoder's: the decoder has read nothing, so there are no hidden states yet, and
       # the pending token is the verifier's decoder start token.
@@ -109,7 +110,7 @@ def _complete(drafter: Drafter, drafted: Draft, n_accepted: Array, done: Array,
 
 def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, rule: str, alpha, gamma: int, max_new_tokens: int,
-                eos_id: int | None, cache_length: int) -> common.Output:
+                eos_id: int | None, cache_length: int, program: common.Program) -> common.Output:
   """SpecDecode / SpecCascade: GenSpecSample (Alg. 4) with π_j = T(q_j, p_j) of `rule` at each position.
 
   The bonus position γ uses π_γ = T(q_γ, p_γ) too, except for rules whose bonus is drawn from p (the lossy
@@ -128,7 +129,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
       widths = tuple(range(1, gamma + 1))
       needed = jnp.where(done, 1, drafted.n_drafted + 1)
       scored, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths,
-                                      return_hidden=drafter.reads_verifier)
+                                      narrow=program.narrow_calls, return_hidden=drafter.reads_verifier)
       width = common.covering_width(needed, widths, gamma + 1)
     else:
       scored, width = verifier.score(state.verifier_cache, verify_in), gamma + 1
@@ -147,7 +148,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
     return commit(state, key, drafter, drafted, verifier_cache, n_accepted, next_token, deferred, failed, done,
                   width, verify_in, hidden)
 
-  start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
+  start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length, program.cache_layout)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,
                                  eos_id=eos_id)
   return output
@@ -155,7 +156,7 @@ def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, p
 
 def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
          sampling: sampling_lib.Sampling, alpha, fallback_alpha, gamma: int, max_new_tokens: int,
-         eos_id: int | None, cache_length: int) -> common.Output:
+         eos_id: int | None, cache_length: int, program: common.Program) -> common.Output:
   """The original Big Little Decoder (cascades App. F.5; Kim et al. 2023).
 
   Fallback: the drafter drafts while max q_raw ≥ 1 − α_f, up to `gamma` tokens (the maximum window).
@@ -178,7 +179,7 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     # The window is as long as the drafter stayed confident: score only what the longest row needs.
     needed, widths = jnp.where(done, 1, drafted.n_drafted + 1), (1, (gamma + 2) // 2)
     scored, _ = common.score_prefix(verifier, state.verifier_cache, verify_in, needed, widths,
-                                    return_hidden=drafter.reads_verifier)
+                                    narrow=program.narrow_calls, return_hidden=drafter.reads_verifier)
     logits, width = scored.logits, common.covering_width(needed, widths, gamma + 1)
     p_raw, p = sampling.distributions(logits)
     index = jnp.arange(gamma)
@@ -193,7 +194,7 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
     return commit(state, key, drafter, drafted, scored.cache, n_accepted, next_token, deferred, failed, done,
                   width, verify_in, scored.hidden)
 
-  start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length)
+  start = PairState.start(key, drafter, verifier, prompts, prompt_lengths, cache_length, program.cache_layout)
   output, _ = common.decode_loop(start, step, batch_size=prompts.shape[0], max_new_tokens=max_new_tokens,
                                  eos_id=eos_id)
   return output
@@ -201,7 +202,7 @@ def bild(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_l
 
 def specdec_pp(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                sampling: sampling_lib.Sampling, stop_threshold, max_gamma: int, max_new_tokens: int,
-               eos_id: int | None, cache_length: int) -> common.Output:
+               eos_id: int | None, cache_length: int, program: common.Program) -> common.Output:
   """SpecDec++ (Huang et al., Alg. 1): lossless SpecDecode whose drafter stops a block once its acceptance
   head predicts P(some draft rejected) > h = `stop_threshold` (at most `max_gamma` drafts; the verifier
   scores only the longest row's block). `drafter`: a `ModelDrafter` with a `head`."""
@@ -211,7 +212,7 @@ def specdec_pp(key: Array, drafter: Drafter, verifier: Model, prompts: Array, pr
                      "exports.load_parts(export_directory))")
   return speculative(key, drafter.replace(stop_threshold=stop_threshold), verifier, prompts, prompt_lengths,
                      sampling=sampling, rule="spec", alpha=0.0, gamma=max_gamma, max_new_tokens=max_new_tokens,
-                     eos_id=eos_id, cache_length=cache_length)
+                     eos_id=eos_id, cache_length=cache_length, program=program)
 
 
 def block_overhang(params) -> int:

@@ -182,28 +182,27 @@ def per_device_bytes(tree: Any) -> int:
   return total
 
 
-def _cache_sharding(leaf: Any, target: Mesh | Any, batch_size: int) -> Any:
-  """A KV-cache array's layout for a call compiled alone: rows over 'data', heads over 'model' where the
-  axes divide them (as the decode loop's partitioner lays them out): [B, H, C, D] (head-major), [C, B, H·D]
-  (slot-major, `base.empty_cache` on TPU), or another per-row array [B, …]."""
+def _cache_sharding(leaf: Any, rows: int, target: Mesh | Any, batch_size: int) -> Any:
+  """A KV-cache array's layout for a call compiled alone: rows (axis `rows`, `base.row_axes`) over 'data', the
+  heads after them over 'model' where the axes divide them (as the decode loop's partitioner lays them out):
+  [B, H, C, D] ("heads"), [C, B, H·D] ("slots", `base.cache_layout` on TPU), or another per-row array [B, …]."""
   if not isinstance(target, Mesh):
     return jax.sharding.SingleDeviceSharding(target)
   spec = [None] * leaf.ndim
-  rows, heads = (1, 2) if leaf.ndim == 3 else (0, 1)
   if leaf.ndim > rows and leaf.shape[rows] == batch_size and batch_size % target.shape[partitioning.DATA] == 0:
     spec[rows] = partitioning.DATA
-  if leaf.ndim in (3, 4) and leaf.shape[heads] % target.shape[partitioning.MODEL] == 0:
-    spec[heads] = partitioning.MODEL
+  if leaf.ndim in (3, 4) and leaf.shape[rows + 1] % target.shape[partitioning.MODEL] == 0:
+    spec[rows + 1] = partitioning.MODEL
   return NamedSharding(target, PartitionSpec(*spec))
 
 
 def abstract_cache(model: Any, target: Mesh | Any, batch_size: int, cache_length: int) -> Any:
   """`model`'s KV cache of `batch_size` rows and `cache_length` slots as `jax.ShapeDtypeStruct`s laid out on
-  `target` (`_cache_sharding`), in the target platform's cache layout."""
-  with base.target_platform(_platform(target)):   # the target's cache layout (`base.cache_layout`)
-    cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length))
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_cache_sharding(x, target, batch_size)),
-                      cache)
+  `target` (`_cache_sharding`), in the target platform's cache layout (`base.cache_layout`)."""
+  cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_length, base.cache_layout(_platform(target))))
+  return jax.tree.map(lambda x, rows: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                           sharding=_cache_sharding(x, rows, target, batch_size)),
+                      cache, base.row_axes(cache))
 
 
 def _platform(target: Mesh | Any) -> str:
@@ -211,12 +210,9 @@ def _platform(target: Mesh | Any) -> str:
   return (target.devices.flat[0] if isinstance(target, Mesh) else target).platform
 
 
-@contextlib.contextmanager
-def _under(target: Mesh | Any):
-  """Within: programs traced for `target`'s platform, on its mesh if it is one."""
-  with (jax.sharding.use_abstract_mesh(target.abstract_mesh) if isinstance(target, Mesh) else contextlib.nullcontext(),
-        base.target_platform(_platform(target))):
-    yield
+def _under(target: Mesh | Any) -> contextlib.AbstractContextManager:
+  """Within: programs traced on `target`'s mesh if it is one (the platform is the cache's: `abstract_cache`)."""
+  return jax.sharding.use_abstract_mesh(target.abstract_mesh) if isinstance(target, Mesh) else contextlib.nullcontext()
 
 
 def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_length: int, n: int,

@@ -4,9 +4,9 @@ A `Model` is a pytree: its parameters are leaves (so a jitted loop takes them as
 baked-in constants) and everything else is static. The cached path keeps one KV cache per model with a
 per-row length:
 
-  cache = model.init_cache(batch_size, cache_length)
-  scored = model.score(cache, tokens)            # [B, n] new tokens at positions lengths[b] + i
-  cache = rollback(cache, lengths)               # a length reset; stale entries are masked, never copied
+  cache = model.init_cache(batch_size, cache_length, layout)   # layout `cache_layout(platform)`, kept by the cache
+  scored = model.score(cache, tokens)         # [B, n] new tokens at positions lengths[b] + i
+  cache = rollback(cache, lengths)            # a length reset; stale entries are masked, never copied
 
 `score` writes the n tokens' keys/values at positions lengths[b] … lengths[b]+n−1 of each row, attends
 causally to everything before them in that row, and returns a `Scored` record: the next-token logits after
@@ -30,9 +30,6 @@ cache never holds the prompt). Capabilities are declared fields of `Model` (`enc
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from typing import Any, Protocol
 
 import jax
@@ -44,48 +41,23 @@ from specdec.models import partitioning
 
 Array = jax.Array
 
-# The platform the program being traced is built for ("cpu", "gpu", "tpu"), set around the trace
-# (`target_platform`; `decoding` sets it to the models' platform): a TPU program lowered on a CPU host must
-# make the TPU's choices — here the KV cache's layout (`empty_cache`), in the decode loops top-P's search.
-_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_target_platform", default=None)
-# Which cache layout `empty_cache` makes: "heads", "slots", or None (the platform's: `cache_layout`).
-_LAYOUT: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_cache_layout", default=None)
 CACHE_LAYOUTS = ("heads", "slots")
 
 
-@contextlib.contextmanager
-def _setting(variable: contextvars.ContextVar, value: Any) -> Iterator[None]:
-  token = variable.set(value)
-  try:
-    yield
-  finally:
-    variable.reset(token)
+def cache_layout(platform: str | None = None) -> str:
+  """The KV-cache layout of programs built for `platform` (None: this process's default backend): "slots" for
+  TPU — one [C, B, K·D] array per layer, the layout the per-row slot writes want, read in place by
+  `attention_kernel` (with XLA's attention dot the TPU compiler relayouts every layer's cache on every call:
+  experiments/tpu_v4_plan) — else "heads", [B, K, C, D] (with [B, C, K, D] XLA:CPU transposed the whole cache
+  in every layer of every call)."""
+  return "slots" if (platform or jax.default_backend()) == "tpu" else "heads"
 
 
-def target_platform(platform: str | None) -> contextlib.AbstractContextManager[None]:
-  """Within: programs are traced for `platform` (None: this process's default backend)."""
-  return _setting(_PLATFORM, platform)
-
-
-def platform() -> str:
-  """The platform programs are traced for (`target_platform`, else this process's default backend)."""
-  return _PLATFORM.get() or jax.default_backend()
-
-
-def forced_cache_layout(layout: str | None) -> contextlib.AbstractContextManager[None]:
-  """Within: `empty_cache` makes `layout`'s caches whatever the platform (None: the platform's). For tests:
-  the TPU layout decoded on the CPU, its attention computed by XLA."""
-  if layout is not None and layout not in CACHE_LAYOUTS:
+def check_layout(layout: str) -> str:
+  """`layout` if it is one of `CACHE_LAYOUTS`, else ValueError."""
+  if layout not in CACHE_LAYOUTS:
     raise ValueError(f"cache layout must be one of {CACHE_LAYOUTS}; got {layout!r}")
-  return _setting(_LAYOUT, layout)
-
-
-def cache_layout() -> str:
-  """The layout `empty_cache` makes: "slots" for TPU programs — one [C, B, K·D] array per layer, the layout
-  the per-row slot writes want, read in place by `attention_kernel` (with XLA's attention dot the TPU compiler
-  relayouts every layer's cache on every call: experiments/tpu_v4_plan) — else "heads", [B, K, C, D] (with
-  [B, C, K, D] XLA:CPU transposed the whole cache in every layer of every call)."""
-  return _LAYOUT.get() or ("slots" if platform() == "tpu" else "heads")
+  return layout
 
 
 @struct.dataclass
@@ -101,6 +73,8 @@ class Cache:
   """Per-model decoding state: the network's key/value arrays and the number of valid entries per row."""
   kv: Any           # network-specific pytree, e.g. keys/values: one array per layer (`empty_cache`'s layouts)
   lengths: Array    # [B] int32: entries [0, lengths[b]) of row b are valid
+  # The keys/values' layout (`CACHE_LAYOUTS`), set by `empty_cache`: static, so a program reads it, not ranks.
+  layout: str = struct.field(pytree_node=False, default="heads")
 
 
 def causal(batch_size: int, n: int) -> Array:
@@ -133,21 +107,22 @@ def key_positions(lengths: Array, positions: Array, cache_length: int) -> Array:
   return jnp.where(offset < 0, jnp.arange(cache_length, dtype=jnp.int32)[None, :], new)
 
 
-def cache_slots(keys: Array) -> int:
-  """C, the slots of one layer's cache array in either layout ([B, K, C, D] or [C, B, K·D])."""
-  return keys.shape[2] if keys.ndim == 4 else keys.shape[0]
+def cache_slots(cache: Cache) -> int:
+  """C, the slots of an `empty_cache` cache's keys/values in its layout ([B, K, C, D] or [C, B, K·D])."""
+  keys = cache.kv["keys"][0]
+  return keys.shape[0] if cache.layout == "slots" else keys.shape[2]
 
 
-def attend(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None = None,
-           soft_cap: float | None = None) -> Array:
+def attend(query: Array, keys: Array, values: Array, visible: Array, *, layout: str = "heads",
+           bias: Array | None = None, soft_cap: float | None = None) -> Array:
   """Masked softmax attention of n queries over a cache: query [B, n, H, D], keys and values [B, K, C, D]
-  (head-major) or [C, B, K·D] (slot-major: `attention_kernel` on TPU) with H = K·G (G query heads per key
+  (`layout` "heads") or [C, B, K·D] ("slots": `attention_kernel` on TPU) with H = K·G (G query heads per key
   head, grouped as head k·G + g), visible [B, n, C] (which keys each query sees), `bias` [B|1, H, n, C] added
   to the logits (T5's relative positions), `soft_cap` c: logits → c·tanh(logits / c) (Gemma 2). Logits and
   softmax in float32, weights in the values' dtype. Returns [B, n, H, D]. The query carries its own scale
   (models differ: 1/√D, a config scalar, or none)."""
   b, n, h, d = query.shape
-  if keys.ndim == 3:
+  if check_layout(layout) == "slots":
     return _attend_slot_major(query, keys, values, visible, bias=bias, soft_cap=soft_cap)
   k = keys.shape[1]
   if k == h:
@@ -207,37 +182,38 @@ def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array,
   return jax.lax.platform_dependent(query, keys, values, visible, bias, tpu=on_tpu, default=elsewhere)
 
 
-def write_slots(cache: Array, new: Array, slots: Array) -> Array:
-  """cache [B, K, C, D] or [C, B, K·D] with row b's new entries new[b] [n, K, D] written at slots[b] [n]
-  (dropped beyond C).
+def write_slots(cache: Array, new: Array, slots: Array, layout: str) -> Array:
+  """cache [B, K, C, D] (`layout` "heads") or [C, B, K·D] ("slots") with row b's new entries new[b] [n, K, D]
+  written at slots[b] [n] (dropped beyond C).
 
   One row at a time under `vmap`: a scatter whose rows are a batch dimension, which the SPMD partitioner
   keeps on each row's device (a scatter indexed by row ids gathers every row's updates onto every device)."""
   def write_row(row: Array, entries: Array, row_slots: Array) -> Array:
-    if row.ndim == 2:   # slot-major: a slot's K·D entries are one row
+    if layout == "slots":   # a slot's K·D entries are one row
       return row.at[row_slots].set(entries.reshape(entries.shape[0], -1).astype(row.dtype), mode="drop")
     return row.at[:, row_slots].set(entries.transpose(1, 0, 2).astype(row.dtype), mode="drop")
-  if cache.ndim == 3:   # [C, B, K·D]: rows are axis 1
+  if check_layout(layout) == "slots":   # [C, B, K·D]: rows are axis 1
     return jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)(cache, new, slots)
   return jax.vmap(write_row)(cache, new, slots)
 
 
 def empty_cache(batch_size: int, cache_length: int, *, max_length: int, num_layers: int, heads: int, head_dim: int,
-                dtype: Any) -> Cache:
+                dtype: Any, layout: str | None = None) -> Cache:
   """An empty decoder cache (lengths 0): keys and values, one array per layer (an encoder-decoder adds its
-  encoder's entries) in the `cache_layout` of the platform traced for: [B, heads, cache_length, head_dim]
-  ("heads") or [B, cache_length, heads·head_dim] ("slots", TPU).
+  encoder's entries) in `layout` (None: `cache_layout()`, this process's backend's), kept as the cache's field:
+  [B, heads, cache_length, head_dim] ("heads") or [cache_length, B, heads·head_dim] ("slots", TPU).
 
   One array per layer, so a layer's attention reads and updates its own buffer (a stacked [layers, …]
   array is sliced per layer, a copy on XLA:CPU)."""
   if not 1 <= cache_length <= max_length:
     raise ValueError(f"cache_length must lie in [1, max_length={max_length}]; got {cache_length}")
-  if cache_layout() == "slots":
+  layout = cache_layout() if layout is None else check_layout(layout)
+  if layout == "slots":
     shape = (cache_length, batch_size, heads * head_dim)
   else:
     shape = (batch_size, heads, cache_length, head_dim)
   kv = {name: [jnp.zeros(shape, dtype) for _ in range(num_layers)] for name in ("keys", "values")}
-  return Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32))
+  return Cache(kv=kv, lengths=jnp.zeros((batch_size,), jnp.int32), layout=layout)
 
 
 def new_entries(cache: Cache, tokens: Array, positions: Array | None, tree_mask: Array | None
@@ -246,7 +222,7 @@ def new_entries(cache: Cache, tokens: Array, positions: Array | None, tree_mask:
   `empty_cache`'s layout: slots lengths[b] + i [B, n], position ids [B, n] (default the slots; a token tree
   gives siblings one id) and the visible slots [B, n, C] (`visible_slots`). Raises ValueError when n
   exceeds the cache."""
-  n, cache_length = tokens.shape[1], cache_slots(cache.kv["keys"][0])
+  n, cache_length = tokens.shape[1], cache_slots(cache)
   if n > cache_length:
     raise ValueError(f"cannot score {n} tokens with a cache of length {cache_length}")
   slots = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)
@@ -261,7 +237,7 @@ def copy_slots(cache: Cache, source_rows: Array, source_slots: Array, target_slo
   rows, source_rows = jnp.arange(cache.lengths.shape[0])[:, None], source_rows[:, None]
 
   def copy(x: Array) -> Array:
-    if x.ndim == 3:   # slot-major: x[slots, rows] is [B, n, K·D]
+    if cache.layout == "slots":   # x[slots, rows] is [B, n, K·D]
       # The n entries gathered apart, before the scatter: fused into it, the TPU compiler copied the whole cache
       # (twice per multi-draft block at batch 1; tests/tpu/test_plan.py).
       entries = jax.lax.optimization_barrier(x[source_slots, source_rows])
@@ -288,8 +264,8 @@ class DecoderOnly(Configured):
   max_len, dtype): `init_cache` and `copy_slots` are the module's functions; it scores token trees. A subclass
   supplies its network as `_apply(tokens [B, n], positions [B, n], visible [B, n, C], key_positions [B, C],
   cache)` -> (logits [B, n, V] float32, (keys, values) or None, last hidden states [B, n, E]), where cache is
-  None (teacher forcing: C = n) or (keys, values, slots [B, n]) and each layer writes its new entries at the
-  slots before attending; key_positions are each key's position id (a sliding window compares them)."""
+  None (teacher forcing: C = n) or (keys, values, slots [B, n], the cache's layout) and each layer writes its new
+  entries at the slots before attending; key_positions are each key's position id (a sliding window compares them)."""
 
   encoder_decoder = False
   scores_trees = True
@@ -312,21 +288,21 @@ class DecoderOnly(Configured):
     the position ids (default lengths[b] + i; a token tree gives siblings the same id). lengths advance by n.
     The caller keeps lengths + n ≤ cache_length: slots beyond are dropped (no token sees them, in this call or
     later)."""
-    n, cache_length = tokens.shape[1], cache_slots(cache.kv["keys"][0])
+    n, cache_length = tokens.shape[1], cache_slots(cache)
     slots, positions, visible = new_entries(cache, tokens, positions, tree_mask)
     keys_at = key_positions(cache.lengths, positions, cache_length)
     logits, (keys, values), hidden = self._apply(tokens, positions, visible, keys_at,
-                                                 (cache.kv["keys"], cache.kv["values"], slots))
-    cache = Cache(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
+                                                 (cache.kv["keys"], cache.kv["values"], slots, cache.layout))
+    cache = cache.replace(kv={"keys": keys, "values": values}, lengths=cache.lengths + n)
     return Scored(logits=partitioning.gather_vocab(logits), cache=cache, hidden=hidden)
 
   def prompt_cache_positions(self, prompt_width: int) -> int:
     return prompt_width
 
-  def init_cache(self, batch_size: int, cache_length: int) -> Cache:
+  def init_cache(self, batch_size: int, cache_length: int, layout: str | None = None) -> Cache:
     cfg = self.config
     return empty_cache(batch_size, cache_length, max_length=cfg.max_len, num_layers=cfg.num_layers,
-                       heads=cfg.cache_heads, head_dim=cfg.head_dim, dtype=cfg.dtype)
+                       heads=cfg.cache_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, layout=layout)
 
   def copy_slots(self, cache: Cache, source_rows: Array, source_slots: Array, target_slots: Array) -> Cache:
     return copy_slots(cache, source_rows, source_slots, target_slots)
@@ -334,14 +310,13 @@ class DecoderOnly(Configured):
 
 def row_axes(cache: Cache) -> Cache:
   """The axis of each of the cache's arrays that holds its rows (a pytree of ints shaped like `cache`): 1 for
-  slot-major keys and values ([C, B, K·D]), 0 for every other array."""
-  def axis(x: Array) -> int:
-    return 1 if x.ndim == 3 else 0
+  the keys and values of a "slots" cache ([C, B, K·D]), 0 for every other array."""
   if not isinstance(cache.kv, dict):   # a network's own state (the tests' toy models): rows first
-    return Cache(kv=jax.tree.map(lambda _: 0, cache.kv), lengths=0)
-  kv = {name: jax.tree.map(axis, value) if name in ("keys", "values") else jax.tree.map(lambda _: 0, value)
+    return cache.replace(kv=jax.tree.map(lambda _: 0, cache.kv), lengths=0)
+  slot_major = 1 if cache.layout == "slots" else 0
+  kv = {name: jax.tree.map(lambda _: slot_major if name in ("keys", "values") else 0, value)
         for name, value in cache.kv.items()}
-  return Cache(kv=kv, lengths=0)
+  return cache.replace(kv=kv, lengths=0)
 
 
 # Config fields every family names alike now, by their names in exports written before (model.json, head.json).
@@ -384,8 +359,9 @@ class Model(Protocol):
     after tokens[:, :t+1]."""
     ...
 
-  def init_cache(self, batch_size: int, cache_length: int) -> Cache:
-    """An empty cache (lengths 0) holding up to `cache_length` positions per row."""
+  def init_cache(self, batch_size: int, cache_length: int, layout: str | None = None) -> Cache:
+    """An empty cache (lengths 0) holding up to `cache_length` positions per row, its keys and values in
+    `layout` (`CACHE_LAYOUTS`; None: `cache_layout()`, this process's backend's)."""
     ...
 
   def score(self, cache: Cache, tokens: Array) -> Scored:

@@ -166,11 +166,11 @@ class Attention(nn.Module):
   config: DecoderConfig
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, visible: Array, cached: tuple[Array, Array, Array] | None
+  def __call__(self, x: Array, positions: Array, visible: Array, cached: tuple[Array, Array, Array, str] | None
                ) -> tuple[Array, Array, Array]:
     """x [B, n, E] at position ids [B, n]; visible [B, n, C]: which keys each query sees (C = n without a
-    cache). With cached = (keys, values in an `empty_cache` layout, slots [B, n]) the new keys/values are written
-    at slots first. Returns out [B, n, E] and the keys, values."""
+    cache). With cached = (keys, values in an `empty_cache` layout, slots [B, n], the layout) the new keys/values
+    are written at slots first. Returns out [B, n, E] and the keys, values."""
     cfg = self.config
     e, heads = cfg.embed_dim, cfg.num_kv_heads
     query = Einsum((e, cfg.num_heads, cfg.head_dim), e, cfg.dtype, name="q_einsum")("bne,eNh->bnNh", x)
@@ -179,11 +179,11 @@ class Attention(nn.Module):
     query = rope(query, positions, cfg.rope_theta) * jnp.asarray(cfg.query_scale, cfg.dtype)
     key = rope(key, positions, cfg.rope_theta)
     if cached is None:
-      keys, values = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)        # [B, K, n, H]
+      keys, values, layout = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3), "heads"    # [B, K, n, H]
     else:
-      keys, values, slots = cached
-      keys, values = base.write_slots(keys, key, slots), base.write_slots(values, value, slots)
-    out = base.attend(query, keys, values, visible, soft_cap=cfg.attn_logit_softcap)      # head k·G + g
+      keys, values, slots, layout = cached
+      keys, values = base.write_slots(keys, key, slots, layout), base.write_slots(values, value, slots, layout)
+    out = base.attend(query, keys, values, visible, layout=layout, soft_cap=cfg.attn_logit_softcap)  # head k·G + g
     out = Einsum((cfg.num_heads, cfg.head_dim, e), cfg.num_heads * cfg.head_dim, cfg.dtype,
                  name="attn_vec_einsum")("bnNh,Nhe->bne", out)
     return out, keys, values
@@ -210,7 +210,7 @@ class Block(nn.Module):
   config: DecoderConfig
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, visible: Array, cached: tuple[Array, Array, Array] | None
+  def __call__(self, x: Array, positions: Array, visible: Array, cached: tuple[Array, Array, Array, str] | None
                ) -> tuple[Array, Array, Array]:
     cfg = self.config
 
@@ -245,13 +245,13 @@ class DecoderNetwork(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array, visible: Array, key_positions: Array,
-               cache: tuple[list[Array], list[Array], Array] | None = None
+               cache: tuple[list[Array], list[Array], Array, str] | None = None
                ) -> tuple[Array, tuple[list[Array], list[Array]] | None, Array]:
     """Logits [B, n, V] (float32) of tokens [B, n] at position ids [B, n]. visible [B, n, C]: the keys each
     token may see (causal, tree, committed slots); key_positions [B, C]: each key's position id, which
-    the local layers' sliding window compares. With cache = (keys, values: one array per layer, slots [B, n])
-    each layer writes the new entries at slots first. Also returns the updated (keys, values) lists (None
-    without a cache) and the last hidden states [B, n, E] (after the final norm)."""
+    the local layers' sliding window compares. With cache = (keys, values: one array per layer, slots [B, n],
+    their layout) each layer writes the new entries at slots first. Also returns the updated (keys, values)
+    lists (None without a cache) and the last hidden states [B, n, E] (after the final norm)."""
     cfg = self.config
     embedding, output = Embedder(cfg, name="embedder")()
     x = embedding.astype(cfg.dtype)[tokens]
@@ -262,7 +262,7 @@ class DecoderNetwork(nn.Module):
       in_window = key_positions[:, None, :] > positions[:, :, None] - cfg.sliding_window      # [B, n, C]
     new_keys, new_values = [], []
     for layer, kind in enumerate(cfg.attention_types):
-      cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2])
+      cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2], cache[3])
       seen = visible & in_window if kind == LOCAL else visible
       x, keys, values = Block(cfg, name=f"layer_{layer}")(x, positions, seen, cached)
       new_keys.append(keys)

@@ -72,7 +72,7 @@ class FeatureHeadNet(nn.Module):
 
   @nn.compact
   def __call__(self, features: Array, embeddings: Array, positions: Array, mask: Array,
-               cached: tuple[Array, Array, Array] | None = None):
+               cached: tuple[Array, Array, Array, str] | None = None):
     cfg = self.config
     x = jnp.concatenate([features, embeddings], axis=-1).astype(cfg.dtype)
     x = nn.Dense(cfg.embed_dim, use_bias=True, dtype=cfg.dtype, name="fc")(x)
@@ -105,10 +105,10 @@ class FeatureHead:
   def max_length(self) -> int:
     return self.config.max_len
 
-  def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
+  def init_cache(self, batch_size: int, cache_length: int, layout: str | None = None) -> base.Cache:
     cfg = self.config.block_config()
     return base.empty_cache(batch_size, cache_length, max_length=cfg.max_len, num_layers=1,
-                            heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype)
+                            heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, layout=layout)
 
   def predict(self, features: Array, embeddings: Array) -> Array:
     """Teacher-forced f̂ [B, L, E] from features [B, L, E] (f_{t−1} at t) and embeddings [B, L, E] (of x_t)."""
@@ -136,7 +136,7 @@ class FeatureHead:
       mask = jnp.broadcast_to(jnp.concatenate(blocks, axis=1), (b, length, steps * length))
       slots = step * length + positions
       predicted, keys, values = net.apply({"params": self.params}, inputs, embeddings, positions, mask,
-                                          (keys, values, slots))
+                                          (keys, values, slots, cache.layout))
       passes.append(predicted)
       inputs = jnp.concatenate([features[:, :1], predicted[:, :-1].astype(features.dtype)], axis=1)
     return jnp.stack(passes)
@@ -147,8 +147,8 @@ class FeatureHead:
     slots, positions, mask = base.new_entries(cache, tokens, None, None)
     predicted, keys, values = FeatureHeadNet(self.config).apply(
         {"params": self.params}, features, embeddings, positions, mask,
-        (cache.kv["keys"][0], cache.kv["values"][0], slots))
-    return predicted, base.Cache(kv={"keys": [keys], "values": [values]}, lengths=cache.lengths + features.shape[1])
+        (cache.kv["keys"][0], cache.kv["values"][0], slots, cache.layout))
+    return predicted, cache.replace(kv={"keys": [keys], "values": [values]}, lengths=cache.lengths + features.shape[1])
 
 
 def verifier_fingerprint(verifier) -> str:

@@ -181,10 +181,11 @@ class Attention(nn.Module):
     """x [B, K, E] -> keys, values [B, K, H, D]."""
     return self._heads(self.key(x)), self._heads(self.value(x))
 
-  def __call__(self, x: Array, keys: Array, values: Array, bias: Array | None, visible: Array) -> Array:
-    """Queries from x [B, n, E] attend to keys, values [B, H, K, D] with logit bias [B|1, H, n, K] (or None)
-    where visible [B, n|1, K] (`base.attend`); returns [B, n, E]."""
-    out = base.attend(self._heads(self.query(x)), keys, values, visible, bias=bias)
+  def __call__(self, x: Array, keys: Array, values: Array, bias: Array | None, visible: Array,
+               layout: str = "heads") -> Array:
+    """Queries from x [B, n, E] attend to keys, values [B, H, K, D] (or a cache's in `layout`) with logit bias
+    [B|1, H, n, K] (or None) where visible [B, n|1, K] (`base.attend`); returns [B, n, E]."""
+    out = base.attend(self._heads(self.query(x)), keys, values, visible, layout=layout, bias=bias)
     return self.out(out.reshape(*out.shape[:-2], -1))
 
 
@@ -246,20 +247,21 @@ class DecoderLayer(nn.Module):
     keys, values = self.encoder_decoder_attention.keys_values(encoded)
     return _head_major(keys), _head_major(values)
 
-  def __call__(self, y: Array, bias: Array, visible: Array, cached: tuple[Array, Array, Array] | None,
+  def __call__(self, y: Array, bias: Array, visible: Array, cached: tuple[Array, Array, Array, str] | None,
                cross: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
     """y [B, n, E]; bias [B, H, n, K] and visible [B, n, K]: the self-attention's keys (K = n without a
-    cache, C with one); cached: this layer's keys, values [B, H, C, D] and the new tokens' slots [B, n], or
-    None; cross: the encoder's keys, values [B, H, L, D] and visible [B, 1, L]. Returns y and the
-    self-attention's keys, values (the updated cache, or the new tokens' own [B, H, n, D])."""
+    cache, C with one); cached: this layer's keys, values (an `empty_cache` layout), the new tokens' slots
+    [B, n] and the layout, or None; cross: the encoder's keys, values [B, H, L, D] and visible [B, 1, L].
+    Returns y and the self-attention's keys, values (the updated cache, or the new tokens' own [B, H, n, D])."""
     h = self.pre_self_attention_layer_norm(y)
     keys, values = self.self_attention.keys_values(h)                      # [B, n, H, D]
     if cached is None:
-      keys, values = _head_major(keys), _head_major(values)
+      keys, values, layout = _head_major(keys), _head_major(values), "heads"
     else:
-      cache_keys, cache_values, slots = cached
-      keys, values = base.write_slots(cache_keys, keys, slots), base.write_slots(cache_values, values, slots)
-    y = y + self.self_attention(h, keys, values, bias, visible)
+      cache_keys, cache_values, slots, layout = cached
+      keys, values = (base.write_slots(cache_keys, keys, slots, layout),
+                      base.write_slots(cache_values, values, slots, layout))
+    y = y + self.self_attention(h, keys, values, bias, visible, layout)
     y = y + self.encoder_decoder_attention(self.pre_cross_attention_layer_norm(y), *cross[:2], None, cross[2])
     return y + self.mlp(self.pre_mlp_layer_norm(y)), keys, values
 
@@ -280,13 +282,13 @@ class Decoder(nn.Module):
     return list(keys), list(values)
 
   def __call__(self, y: Array, positions: Array, key_positions: Array, mask: Array,
-               cache: tuple[list[Array], list[Array], Array] | None,
+               cache: tuple[list[Array], list[Array], Array, str] | None,
                cross: tuple[list[Array], list[Array], Array]) -> tuple[Array, tuple[list, list] | None, Array]:
     """Logits of embedded tokens y [B, n, E] at decoder positions [B, n].
 
     Without a cache, the keys are the new tokens: key_positions = positions and mask [B, n, n]. With
-    cache = (keys, values: one [B, H, C, D] per layer, slots [B, n]) each layer writes the new keys/values
-    at slots and attends over its cache: key_positions [B, C] are the slots' position ids, mask [B, n, C]
+    cache = (keys, values: one per layer in an `empty_cache` layout, slots [B, n], the layout) each layer writes
+    the new keys/values at slots and attends over its cache: key_positions [B, C] are the slots' position ids, mask [B, n, C]
     (`base.visible_slots`). cross: keys, values (one [B, H, L, D] per layer) and encoder_mask [B, L].
     Returns logits [B, n, V] (float32), the updated (keys, values) lists (None without a cache) and the last
     hidden states [B, n, E] (after the final norm).
@@ -295,7 +297,7 @@ class Decoder(nn.Module):
     cross_keys, cross_values, encoder_mask = cross
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
-      cached = None if cache is None else (cache[0][i], cache[1][i], cache[2])
+      cached = None if cache is None else (cache[0][i], cache[1][i], cache[2], cache[3])
       y, keys, values = layer(y, bias, mask, cached, (cross_keys[i], cross_values[i], encoder_mask[:, None, :]))
       new_keys.append(keys)
       new_values.append(values)
@@ -320,7 +322,7 @@ class T5Network(nn.Module):
     return self.decoder.cross_keys_values(encoded)
 
   def decode(self, tokens: Array, positions: Array, key_positions: Array, mask: Array,
-             cache: tuple[list[Array], list[Array], Array] | None, cross: tuple[list[Array], list[Array], Array]
+             cache: tuple[list[Array], list[Array], Array, str] | None, cross: tuple[list[Array], list[Array], Array]
              ) -> tuple[Array, tuple[list, list] | None, Array]:
     """`Decoder.__call__` on the embedded decoder tokens [B, n]."""
     return self.decoder(self.token_embedder(tokens).astype(self.config.dtype), positions, key_positions, mask,
@@ -341,8 +343,8 @@ class T5(base.Configured):
   """A `T5Network` bound to its parameters; implements `base.Model` with the prompt as encoder input.
 
   A pytree: `params` are leaves (a jitted loop takes them as arguments), the config is static. The cache
-  (`init_cache`, then `prefill`) holds kv = {keys, values (decoder self-attention, one [B, H, C, D] per
-  layer), cross_keys, cross_values (one [B, H, L_enc, D] per layer), encoder_mask [B, L_enc]}.
+  (`init_cache`, then `prefill`) holds kv = {keys, values (decoder self-attention, one per layer in the cache's
+  `layout`), cross_keys, cross_values (one [B, H, L_enc, D] per layer), encoder_mask [B, L_enc]}.
   """
   params: Any
   config: T5Config = struct.field(pytree_node=False)
@@ -366,11 +368,12 @@ class T5(base.Configured):
     mask = _encoder_mask(encoder_tokens, encoder_lengths)
     return T5Network(self.config).apply({"params": self.params}, encoder_tokens, mask, decoder_tokens)
 
-  def init_cache(self, batch_size: int, cache_length: int) -> base.Cache:
-    """An empty decoder cache (lengths 0) of `cache_length` positions; `prefill` adds the encoder's part."""
+  def init_cache(self, batch_size: int, cache_length: int, layout: str | None = None) -> base.Cache:
+    """An empty decoder cache (lengths 0) of `cache_length` positions in `layout` (`base.empty_cache`); `prefill`
+    adds the encoder's part."""
     cfg = self.config
     cache = base.empty_cache(batch_size, cache_length, max_length=cfg.max_len, num_layers=cfg.num_decoder_layers,
-                             heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype)
+                             heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, layout=layout)
     def empty() -> list[Array]:   # `prefill` writes the encoder's entries
       return [jnp.zeros((batch_size, cfg.num_heads, 0, cfg.head_dim), cfg.dtype) for _ in range(cfg.num_decoder_layers)]
     return cache.replace(kv={**cache.kv, "cross_keys": empty(), "cross_values": empty(),
@@ -390,7 +393,7 @@ class T5(base.Configured):
           "cross_values": [v.astype(dtype) for v in cross_values], "encoder_mask": mask}
     batch = prompts.shape[0]
     return (jnp.full((batch,), DECODER_START_TOKEN, jnp.int32),
-            base.Cache(kv=kv, lengths=jnp.zeros((batch,), jnp.int32)))
+            cache.replace(kv=kv, lengths=jnp.zeros((batch,), jnp.int32)))
 
   def score(self, cache: base.Cache, tokens: Array, *, positions: Array | None = None,
             tree_mask: Array | None = None) -> base.Scored:
@@ -404,11 +407,12 @@ class T5(base.Configured):
     """
     kv = cache.kv
     slots, positions, visible = base.new_entries(cache, tokens, positions, tree_mask)
-    key_positions = base.key_positions(cache.lengths, positions, base.cache_slots(kv["keys"][0]))
+    key_positions = base.key_positions(cache.lengths, positions, base.cache_slots(cache))
     logits, (keys, values), hidden = T5Network(self.config).apply(
-        {"params": self.params}, tokens, positions, key_positions, visible, (kv["keys"], kv["values"], slots),
-        (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]), method=T5Network.decode)
-    cache = base.Cache(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + tokens.shape[1])
+        {"params": self.params}, tokens, positions, key_positions, visible,
+        (kv["keys"], kv["values"], slots, cache.layout), (kv["cross_keys"], kv["cross_values"], kv["encoder_mask"]),
+        method=T5Network.decode)
+    cache = cache.replace(kv={**kv, "keys": keys, "values": values}, lengths=cache.lengths + tokens.shape[1])
     logits = partitioning.gather_vocab(logits)
     return base.Scored(logits=logits, cache=cache, hidden=hidden)
 

@@ -108,22 +108,23 @@ class SelfAttention(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, cached: tuple[Array, Array, Array] | None
+  def __call__(self, x: Array, mask: Array, cached: tuple[Array, Array, Array, str] | None
                ) -> tuple[Array, Array | None, Array | None]:
     """x [B, n, E]. Without a cache, mask [B, n, n]: query i sees new key j. With cached = (keys, values
-    [B, H, C, D], slots [B, n]), the new keys/values are written at slots (dropped beyond C) and mask
-    [B, n, C] says which slots each query sees. Returns out [B, n, E] and the updated keys, values."""
+    in an `empty_cache` layout, slots [B, n], the layout), the new keys/values are written at slots (dropped
+    beyond C) and mask [B, n, C] says which slots each query sees. Returns out [B, n, E] and the updated keys,
+    values."""
     cfg = self.config
     project = functools.partial(nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), use_bias=False,
                                 kernel_init=_KERNEL_INIT, dtype=cfg.dtype)
     query = project(name="query")(x) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
     key, value = project(name="key")(x), project(name="value")(x)              # [B, n, H, D]
     if cached is None:
-      keys, values = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)    # [B, H, n, D]
+      keys, values, layout = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3), "heads"    # [B, H, n, D]
     else:
-      keys, values, slots = cached
-      keys, values = base.write_slots(keys, key, slots), base.write_slots(values, value, slots)
-    out = base.attend(query, keys, values, mask)
+      keys, values, slots, layout = cached
+      keys, values = base.write_slots(keys, key, slots, layout), base.write_slots(values, value, slots, layout)
+    out = base.attend(query, keys, values, mask, layout=layout)
     out = nn.DenseGeneral(features=cfg.embed_dim, axis=(-2, -1), use_bias=False, kernel_init=_KERNEL_INIT,
                           dtype=cfg.dtype, name="out")(out)
     return (out, None, None) if cached is None else (out, keys, values)
@@ -145,7 +146,7 @@ class DecoderBlock(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, cached: tuple[Array, Array, Array] | None
+  def __call__(self, x: Array, mask: Array, cached: tuple[Array, Array, Array, str] | None
                ) -> tuple[Array, Array | None, Array | None]:
     cfg = self.config
     attended, keys, values = SelfAttention(cfg, name="attention")(
@@ -160,22 +161,22 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array, mask: Array,
-               cache: tuple[list[Array], list[Array], Array] | None = None
+               cache: tuple[list[Array], list[Array], Array, str] | None = None
                ) -> tuple[Array, tuple[list[Array], list[Array]] | None, Array]:
     """Logits of tokens [B, n] at position ids [B, n].
 
     Without a cache, mask [B, n, n]: which tokens each token attends to (itself included). With cache =
-    (keys, values: one [B, H, C, D] array per layer, slots [B, n]), each layer writes the tokens' keys,
-    values at slots and attends over its cache as mask [B, n, C] says (`base.visible_slots`). Returns logits
-    [B, n, V] (float32), the updated (keys, values) lists (None without a cache) and the last hidden
-    states [B, n, E] (after the final LayerNorm: what the output projection reads).
+    (keys, values: one array per layer in an `empty_cache` layout, slots [B, n], the layout), each layer writes
+    the tokens' keys, values at slots and attends over its cache as mask [B, n, C] says (`base.visible_slots`).
+    Returns logits [B, n, V] (float32), the updated (keys, values) lists (None without a cache) and the last
+    hidden states [B, n, E] (after the final LayerNorm: what the output projection reads).
     """
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.embed_dim, embedding_init=nn.initializers.normal(stddev=1.0), name="embed")
     y = (embed(tokens) + sinusoidal_embedding(positions, cfg.embed_dim)).astype(cfg.dtype)
     new_keys, new_values = [], []
     for layer in range(cfg.num_layers):
-      cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2])
+      cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2], cache[3])
       y, layer_keys, layer_values = DecoderBlock(cfg, name=f"block_{layer}")(y, mask, cached)
       new_keys.append(layer_keys)
       new_values.append(layer_values)
@@ -195,7 +196,7 @@ class TransformerLM(base.DecoderOnly):
   config: TransformerConfig = struct.field(pytree_node=False)
 
   def _apply(self, tokens: Array, positions: Array, visible: Array, key_positions: Array,
-             cache: tuple[list[Array], list[Array], Array] | None) -> tuple[Array, Any, Array]:
+             cache: tuple[list[Array], list[Array], Array, str] | None) -> tuple[Array, Any, Array]:
     """`base.DecoderOnly`'s network call (lm1b's absolute positions need no key positions)."""
     del key_positions
     return Transformer(self.config).apply({"params": self.params}, tokens, positions, visible, cache)

@@ -13,16 +13,9 @@ import pytest
 from scipy import optimize
 
 from specdec import spectr
-from tests.stats import assert_binomial, assert_law, random_distributions
+from tests.stats import assert_binomial, assert_law, draw, random_distributions
 
 N_SAMPLES = 100_000
-
-
-def _draw(rng, probs):
-  """One token per row of `probs` [..., V] by inverse CDF (float64: no mass beyond the support)."""
-  cdf = np.cumsum(np.asarray(probs, np.float64), axis=-1)
-  u = rng.random(cdf.shape[:-1]) * cdf[..., -1]
-  return np.minimum(np.sum(u[..., None] >= cdf, axis=-1), cdf.shape[-1] - 1)
 
 
 def _uniform_pair(d, r):
@@ -133,7 +126,7 @@ def test_eq5_residual_at_gamma_star_is_max_p_minus_gamma_q():
 def test_alg2_kseq_select_keeps_target_law_and_acceptance_rate():
   rng = np.random.default_rng(0)
   q, p = _random_pair(rng, 8)
-  drafts = _draw(rng, np.broadcast_to(q, (N_SAMPLES, 3, 8)))
+  drafts = draw(rng, np.broadcast_to(q, (N_SAMPLES, 3, 8)))
   token, accepted = jax.jit(spectr.kseq_select)(jax.random.key(0), drafts, q.astype(np.float32),
                                                 p.astype(np.float32))
   assert_law(token, p, what="K-SEQ token")
@@ -146,7 +139,7 @@ def test_alg2_kseq_select_with_traced_number_of_drafts():
   q, p = _random_pair(rng, 5)
   num_slots = 4
   k = rng.integers(1, num_slots + 1, size=N_SAMPLES)
-  drafts = _draw(rng, np.broadcast_to(q, (N_SAMPLES, num_slots, 5)))
+  drafts = draw(rng, np.broadcast_to(q, (N_SAMPLES, num_slots, 5)))
   # Slots beyond k hold the token K-SEQ would accept most readily: using them would bias the law.
   drafts = np.where(np.arange(num_slots) < k[:, None], drafts, np.argmax(p / np.maximum(q, 1e-9)))
   token, accepted = jax.jit(spectr.kseq_select)(jax.random.key(4), drafts, q, p, k)
@@ -160,7 +153,7 @@ def test_alg2_kseq_select_with_traced_number_of_drafts():
 def test_alg2_kseq_select_with_active_mask_anywhere():
   rng = np.random.default_rng(5)
   q, p = _random_pair(rng, 6)
-  drafts = _draw(rng, np.broadcast_to(q, (N_SAMPLES, 5, 6)))
+  drafts = draw(rng, np.broadcast_to(q, (N_SAMPLES, 5, 6)))
   masks = np.array([[False, True, False, False, True], [False] * 5])
   which = rng.integers(0, 2, size=N_SAMPLES)
   active = masks[which]
@@ -198,7 +191,7 @@ def _sample_drafts(rng, q_table, p_table, num_drafts, length):
   for _ in range(length):
     q_rows.append(q_table[node])
     p_rows.append(p_table[node])
-    drafts.append(_draw(rng, q_table[node]))
+    drafts.append(draw(rng, q_table[node]))
     node = _child(node, drafts[-1], vocab_size)
   p_rows.append(p_table[node])
   return (np.stack(drafts, -1).astype(np.int32), np.stack(q_rows, 2).astype(np.float32),
@@ -266,7 +259,7 @@ def test_thm3_draft_selection_output_law_is_target_law(length, num_drafts, seed)
   sequence[rows, n_accepted] = next_token
   node, code = np.zeros(N_SAMPLES, np.int64), np.zeros(N_SAMPLES, np.int64)
   for t in range(length + 1):
-    sequence[:, t] = np.where(t > n_accepted, _draw(rng, p_table[node]), sequence[:, t])
+    sequence[:, t] = np.where(t > n_accepted, draw(rng, p_table[node]), sequence[:, t])
     node, code = _child(node, sequence[:, t], vocab_size), code * vocab_size + sequence[:, t]
   all_sequences = np.stack(np.unravel_index(np.arange(vocab_size ** (length + 1)),
                                             (vocab_size,) * (length + 1)), -1)

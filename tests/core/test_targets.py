@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from specdec import sampling, targets, theory, verify
-from specdec.core.targets import RULES
 
-NORMALISED_RULES = [r for r in RULES if r != "lossy"]  # lossy with β = 1 has Σπ ≥ 1
+NORMALISED_RULES = [r for r in targets.RULES if r != "lossy"]  # lossy with β = 1 has Σπ ≥ 1
 ALPHAS = {"chow_log": 0.7, "diff_log": 0.2, "opt_log": 0.5, "bild": 1.3}
 
 
@@ -18,7 +17,7 @@ def _alpha(rule, default=0.3):
   return ALPHAS.get(rule, default)
 
 
-def _pair(seed, shape=(64, 6), temperature=1.0, top_p=1.0, scale=2.0):
+def _distributions(seed, shape=(64, 6), temperature=1.0, top_p=1.0, scale=2.0):
   """Random drafter/verifier logits -> (q, p, q_raw, p_raw)."""
   rng = np.random.default_rng(seed)
   lq = jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
@@ -36,7 +35,7 @@ def _target(rule, pair, alpha, **kw):
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.5, 1.0), (1.0, 0.5), (0.0, 1.0)])
 def test_one_step_law_equals_pi(rule, temperature, top_p):
   """q·acceptance + P(reject)·residual = π to 1e-6 for every rule whose π is a distribution."""
-  pair = _pair(zlib.crc32(f"{rule}/{temperature}/{top_p}".encode()), temperature=temperature, top_p=top_p)
+  pair = _distributions(zlib.crc32(f"{rule}/{temperature}/{top_p}".encode()), temperature=temperature, top_p=top_p)
   q = pair[0]
   pi = _target(rule, pair, _alpha(rule))
   assert np.all(np.asarray(pi) >= 0)
@@ -50,7 +49,7 @@ def test_one_step_law_equals_pi(rule, temperature, top_p):
 
 
 def test_lossy_with_beta_one_is_not_a_distribution_but_alg4_law_is():
-  pair = _pair(3)
+  pair = _distributions(3)
   pi = _target("lossy", pair, 0.4)
   assert np.all(np.sum(pi, -1) >= 1 - 1e-6) and np.any(np.sum(pi, -1) > 1.01)
   np.testing.assert_allclose(np.sum(verify.verification_law(pair[0], pi), -1), 1.0, atol=1e-6)
@@ -60,7 +59,7 @@ def test_lossy_with_beta_one_is_not_a_distribution_but_alg4_law_is():
 def test_lemma2_lossy_is_tran_thien(tuned):
   """Alg. 4 with π_Lossy accepts w.p. min(1, p/((1−α)q)) and resamples norm(max(0, p/β − q))."""
   rng = np.random.default_rng(4)
-  q, p, q_raw, p_raw = _pair(5, shape=(256, 6))
+  q, p, q_raw, p_raw = _distributions(5, shape=(256, 6))
   alpha = jnp.asarray(rng.uniform(0.0, 0.9, size=256), jnp.float32)
   if tuned:
     beta = targets.lossy_beta(q, p, alpha)
@@ -81,7 +80,7 @@ def test_lemma2_lossy_is_tran_thien(tuned):
 
 
 def test_tuned_beta_solves_balance_condition():
-  q, p, _, _ = _pair(6, shape=(512, 8), temperature=0.7)
+  q, p, _, _ = _distributions(6, shape=(512, 8), temperature=0.7)
   alpha = jnp.linspace(0.0, 0.95, 512)
   beta = targets.lossy_beta(q, p, alpha)
   assert np.all(np.asarray(beta) >= 1.0)
@@ -96,7 +95,7 @@ def test_tuned_beta_newton_equals_float64_bisection(vocab):
   """Newton's β* against a 200-step float64 bisection on Σ max(0, p/β − q) = Σ max(0, q − p/(1−α)), and
   the smallest solution max(1, max p/q) where the left side is 0 (q = p, or α large)."""
   rng = np.random.default_rng(vocab)
-  q, p, _, _ = _pair(vocab, shape=(128, vocab), scale=3.0)
+  q, p, _, _ = _distributions(vocab, shape=(128, vocab), scale=3.0)
   q = q.at[:8].set(p[:8])  # lhs = 0: β* = max(1, max p/q) = 1
   alpha = jnp.asarray(rng.uniform(0.0, 0.99, size=128), jnp.float32)
   got = np.asarray(targets.lossy_beta(q, p, alpha))
@@ -117,7 +116,7 @@ def test_tuned_beta_newton_equals_float64_bisection(vocab):
 @pytest.mark.parametrize("rule", targets.CASCADE_RULES)
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.5, 0.7)])
 def test_lemma3_rejection_rate_is_delta_times_tv(rule, temperature, top_p):
-  pair = _pair(7, shape=(256, 6), temperature=temperature, top_p=top_p)
+  pair = _distributions(7, shape=(256, 6), temperature=temperature, top_p=top_p)
   q, p, q_raw, p_raw = pair
   pi = _target(rule, pair, _alpha(rule, 0.1))
   delta = targets.deferral(rule, q_raw=q_raw, p_raw=p_raw, q=q, p=p, alpha=_alpha(rule, 0.1))
@@ -198,13 +197,13 @@ def test_token_rules_eq16(rule, important):
 @pytest.mark.parametrize("tuned", [False, True])
 def test_lemma6_lossy_at_temperature_zero_is_greedy_p(tuned):
   rule = "lossy_tuned" if tuned else "lossy"
-  pair = _pair(8, shape=(512, 7), temperature=0.0)
+  pair = _distributions(8, shape=(512, 7), temperature=0.0)
   for alpha in (0.0, 0.3, 0.9):
     np.testing.assert_allclose(_target(rule, pair, alpha), pair[1], atol=1e-6)
 
 
 def test_lemma7_token_v3_greedy_accepts_iff_p_of_draft_within_1_minus_alpha_of_max():
-  q, p, q_raw, p_raw = _pair(9, shape=(2048, 5), temperature=0.0, scale=1.0)
+  q, p, q_raw, p_raw = _distributions(9, shape=(2048, 5), temperature=0.0, scale=1.0)
   draft = jnp.argmax(q, -1)
   alpha = jnp.asarray(np.random.default_rng(9).uniform(0, 1, size=2048), jnp.float32)
   pi = targets.target_distribution("token_v3", q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
@@ -222,7 +221,7 @@ def test_lemma7_token_v3_greedy_accepts_iff_p_of_draft_within_1_minus_alpha_of_m
 
 
 def test_lemma10_opt_equals_diff_at_temperature_zero():
-  pair = _pair(10, shape=(4096, 5), temperature=0.0, scale=1.0)
+  pair = _distributions(10, shape=(4096, 5), temperature=0.0, scale=1.0)
   q = pair[0]
   for alpha in (0.05, 0.2, 0.5):
     pi_opt, pi_diff = _target("opt", pair, alpha), _target("diff", pair, alpha)
@@ -230,7 +229,7 @@ def test_lemma10_opt_equals_diff_at_temperature_zero():
     np.testing.assert_allclose(verify.verification_law(q, pi_opt), verify.verification_law(q, pi_diff))
   # ... and the limit: at T = 1e-3 the laws coincide wherever the decision is not within 1e-3 of
   # its threshold and the top two logits are 0.05 apart (S_T is then one-hot to e^-50).
-  small = _pair(10, shape=(4096, 5), temperature=1e-3, scale=1.0)
+  small = _distributions(10, shape=(4096, 5), temperature=1e-3, scale=1.0)
   _, _, q_raw, p_raw = small
   top2 = lambda x: np.diff(np.sort(np.log(np.asarray(x)), -1)[:, -2:], axis=-1)[:, 0]
   margin = np.abs(np.max(q_raw, -1) - (np.max(p_raw, -1) - 0.2))
@@ -250,7 +249,7 @@ def test_alpha_and_beta_are_traced():
     return (targets.target_distribution("lossy_tuned", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha),
             targets.target_distribution("lossy", q=q, p=p, q_raw=q, p_raw=p, alpha=alpha, beta=beta))
 
-  q, p, _, _ = _pair(11)
+  q, p, _, _ = _distributions(11)
   outs = [f(q, p, alpha, beta) for alpha in np.linspace(0, 0.95, 20) for beta in (1.0, 1.5)]
   assert len(traces) == 1
   np.testing.assert_allclose(outs[-1][1], targets.lossy_target(q, p, 0.95, 1.5), atol=1e-6)
@@ -261,13 +260,13 @@ def test_alpha_and_beta_are_traced():
     ("diff", float("nan")),
 ])
 def test_alpha_out_of_range_raises(rule, alpha):
-  pair = _pair(12)
+  pair = _distributions(12)
   with pytest.raises(ValueError, match="alpha"):
     _target(rule, pair, alpha)
 
 
 def test_unknown_rule_and_bad_beta_raise():
-  pair = _pair(13)
+  pair = _distributions(13)
   with pytest.raises(ValueError, match="unknown rule"):
     _target("speculative", pair, 0.1)
   with pytest.raises(ValueError, match="beta"):
@@ -277,7 +276,7 @@ def test_unknown_rule_and_bad_beta_raise():
 
 
 def test_nats_rules_accept_large_alpha():
-  pi = _target("bild", _pair(14), 7.5)  # BiLD's threshold range is [0, 10] (App. F.1)
+  pi = _target("bild", _distributions(14), 7.5)  # BiLD's threshold range is [0, 10] (App. F.1)
   assert np.isfinite(np.asarray(pi)).all()
 
 

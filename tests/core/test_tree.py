@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdec import sampling, tree, verify
-from tests.stats import assert_law, chi2_pvalue, random_distributions
+from tests.stats import assert_law, chi2_pvalue, draw, random_distributions
 
 N_SAMPLES = 100_000
 
@@ -21,13 +21,6 @@ def _prefix_codes(tokens, vocab):
   """Code Σ_{i<j} x_i·V^i of every prefix x_{<j}, j = 0 … L: [..., L] -> [..., L+1]."""
   codes = np.cumsum(tokens * vocab ** np.arange(tokens.shape[-1]), axis=-1)
   return np.concatenate([np.zeros(tokens.shape[:-1] + (1,), np.int64), codes], axis=-1)
-
-
-def _draw(rng, probs):
-  """One index per row of `probs` [..., V] by inversion."""
-  cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
-  u = rng.random(probs.shape[:-1])[..., None] * cdf[..., -1:]
-  return np.minimum(np.sum(cdf <= u, axis=-1), probs.shape[-1] - 1)
 
 
 def _prefix_tables(rng, n_tables, gamma, vocab, concentration):
@@ -131,7 +124,7 @@ def test_iterative_speculative_sampling_at_one_node_follows_p():
   n_drafts, vocab = 3, 6
   q_k = random_distributions(rng, (n_drafts, vocab))
   p0, p1 = random_distributions(rng, (2, vocab))
-  drafts = _draw(rng, np.broadcast_to(q_k, (N_SAMPLES, n_drafts, vocab)))[..., None].astype(np.int32)
+  drafts = draw(rng, np.broadcast_to(q_k, (N_SAMPLES, n_drafts, vocab)))[..., None].astype(np.int32)
   q = np.broadcast_to(q_k[None, :, None], (N_SAMPLES, n_drafts, 1, vocab))
   p = np.broadcast_to(np.stack([p0, p1])[None, None], (N_SAMPLES, n_drafts, 2, vocab))
   n, k, next_token = map(np.asarray, tree.verify_tree(jax.random.key(0), drafts, q, p))
@@ -151,7 +144,7 @@ def _tree_outputs(key, drafter, target, *, n_drafts, gamma, vocab, seed, masked=
   for j in range(gamma):
     code = _prefix_codes(drafts[..., :j], vocab)[..., -1]
     q[:, :, j] = drafter[which[None, :], j, code]
-    drafts[:, :, j] = _draw(rng, q[:, :, j])
+    drafts[:, :, j] = draw(rng, q[:, :, j])
   codes = _prefix_codes(drafts, vocab)
   p = target[np.arange(gamma + 1), codes].astype(np.float32)
   draft_mask = rng.random((N_SAMPLES, n_drafts)) < 0.7 if masked else None
@@ -161,7 +154,7 @@ def _tree_outputs(key, drafter, target, *, n_drafts, gamma, vocab, seed, masked=
   sequence = np.zeros((N_SAMPLES, gamma + 1), np.int64)
   for j in range(gamma + 1):
     code = _prefix_codes(sequence[:, :j], vocab)[:, -1]
-    completion = _draw(rng, target[j, code])
+    completion = draw(rng, target[j, code])
     sequence[:, j] = np.where(j < n, drafts[rows, k, np.minimum(j, gamma - 1)],
                               np.where(j == n, next_token, completion))
   return _prefix_codes(sequence, vocab)[:, -1], (n, k, draft_mask)
@@ -196,7 +189,7 @@ def test_deterministic_copies_of_a_soft_draft_are_not_exact():
   p = (.6, .4, 0), q = (.2, .3, .5): the copy pushes every rejection to token 0, law (.7, .3, 0)."""
   p = np.array([0.6, 0.4, 0.0], np.float32)
   q = np.array([0.2, 0.3, 0.5], np.float32)
-  drafts = _draw(np.random.default_rng(4), np.broadcast_to(q, (N_SAMPLES, 3)))
+  drafts = draw(np.random.default_rng(4), np.broadcast_to(q, (N_SAMPLES, 3)))
   drafts = np.broadcast_to(drafts[:, None, None], (N_SAMPLES, 2, 1)).astype(np.int32)
   n, k, next_token = map(np.asarray, tree.verify_tree(
       jax.random.key(4), drafts, np.broadcast_to(q, (N_SAMPLES, 2, 1, 3)),

@@ -9,6 +9,7 @@ from specdec import decoding, models
 from specdec.decoding import common
 from specdec.evaluation import hlo as hlo_text
 from specdec.models import partitioning
+from tests.toy_models import tiny_pair
 
 V = 64
 BATCH, PROMPT, NEW = 2, 8, 40
@@ -21,11 +22,6 @@ def cache_sized_moves(hlo: str, min_elements: int) -> list[str]:
   return hlo_text.moves(hlo_text.parse(hlo), min_elements)
 
 
-def _pair(preset):
-  return (models.build(preset, vocab_size=V, seed=1, max_length=128),
-          models.build(preset, vocab_size=V, seed=2, max_length=128))
-
-
 def _per_layer_cache_elements(model, cache_length):
   cfg = model.config
   return BATCH * cfg.num_heads * cache_length * cfg.head_dim
@@ -36,7 +32,7 @@ def _per_layer_cache_elements(model, cache_length):
     ("autoregressive", {}, 1.0), ("speculative", dict(gamma=3), 0.0), ("speculative", dict(gamma=3), 1.0),
     ("speculative", dict(gamma=3, rule="token_v3", alpha=0.3), 1.0)])
 def test_compiled_generate_copies_no_cache_sized_buffer(preset, method, params, temperature):
-  drafter, verifier = _pair(preset)
+  drafter, verifier = tiny_pair(V, 128, seeds=(1, 2), preset=preset)
   prompts = jnp.ones((BATCH, PROMPT), jnp.int32)
   lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, prompts, method=method, max_new_tokens=NEW,
                            temperature=temperature, eos_id=None, **params)
@@ -52,8 +48,8 @@ def test_compiled_generate_copies_no_cache_sized_buffer(preset, method, params, 
 def test_methods_with_variable_width_calls_copy_no_cache_on_the_accelerator_path(method, params, monkeypatch):
   """On TPU/GPU every verifier call takes the full width (`common.narrow_calls`): no `lax.switch` over calls
   that update the cache, whose branches XLA would give copies of it (as it does on the CPU path)."""
-  monkeypatch.setattr(common, "narrow_calls", lambda: False)
-  drafter, verifier = _pair("tiny")
+  monkeypatch.setattr(common, "narrow_calls", lambda platform: False)
+  drafter, verifier = tiny_pair(V, 128, seeds=(1, 2))
   lowered = decoding.lower(jax.random.PRNGKey(0), drafter, verifier, jnp.ones((BATCH, PROMPT), jnp.int32),
                            method=method, max_new_tokens=NEW, temperature=1.0, eos_id=None, **params)
   assert cache_sized_moves(lowered.compile().as_text(), _per_layer_cache_elements(verifier, NEW)) == []
@@ -81,7 +77,7 @@ def _instructions(compiled) -> list:
 def test_lower_from_shapes_alone_builds_the_program_of_the_arrays():
   """`decoding.lower` of abstract models (`partitioning.abstract_model`) and prompts (`jax.ShapeDtypeStruct`)
   compiles the same program as from weights and token ids: what `specdec-plan` compiles for a TPU."""
-  drafter, verifier = _pair("tiny")
+  drafter, verifier = tiny_pair(V, 128, seeds=(1, 2))
   device = jax.devices()[0]
   kwargs = dict(method="speculative", max_new_tokens=NEW, temperature=1.0, eos_id=None, gamma=3)
   from_shapes = decoding.lower(jax.random.PRNGKey(0), partitioning.abstract_model(drafter, device),
@@ -96,13 +92,13 @@ def test_lower_from_shapes_alone_builds_the_program_of_the_arrays():
 
 
 def test_backend_choices_follow_the_platform_traced_for():
-  """The top-p search and call narrowing follow the platform a program is built for (the models'), not the
-  process's backend: a TPU program lowered on a CPU host makes the TPU's choices."""
+  """The top-p search, call narrowing and the caches' layout follow the platform a program is built for (the
+  models'), not the process's backend: a TPU program lowered on a CPU host makes the TPU's choices."""
   assert decoding.Sampling(top_p=0.9).checked("tpu").top_p_method == "top_k"
   assert decoding.Sampling(top_p=0.9).checked("cpu").top_p_method == "bisection"
   assert decoding.Sampling(top_p=0.9, top_p_method="bisection").checked("tpu").top_p_method == "bisection"
-  with common.target_platform("tpu"):
-    assert not common.narrow_calls()
-  with common.target_platform("cpu"):
-    assert common.narrow_calls()
-  assert common.narrow_calls() == (jax.default_backend() == "cpu")
+  tpu, cpu = common.Program.of("tpu"), common.Program.of("cpu")
+  assert (tpu.narrow_calls, tpu.cache_layout) == (False, "slots")
+  assert (cpu.narrow_calls, cpu.cache_layout) == (True, "heads")
+  assert common.Program.of("cpu", "slots").cache_layout == "slots"
+  assert common.Program.of() == common.Program.of(jax.default_backend())

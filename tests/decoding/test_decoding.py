@@ -407,8 +407,8 @@ class _NaNAfter:
   def logits(self, tokens):
     return self.inner.logits(tokens)
 
-  def init_cache(self, batch_size, cache_length):
-    return self.inner.init_cache(batch_size, cache_length)
+  def init_cache(self, batch_size, cache_length, layout=None):
+    return self.inner.init_cache(batch_size, cache_length, layout)
 
   def score(self, cache, tokens):
     scored = self.inner.score(cache, tokens)

@@ -16,7 +16,7 @@ from specdec.decoding import multi_draft
 from specdec.decoding.feature_drafter import FeatureDrafter
 from specdec.models import feature_head
 from tests.stats import assert_law, chi2_pvalue, sequence_codes, sequence_law
-from tests.toy_models import PositionalTrigram, tiny, tiny_pair
+from tests.toy_models import PositionalTrigram, agreeing_toys, tiny, tiny_pair
 
 
 def _reference_beams(drafter, prompt, num_beams, gamma):
@@ -103,17 +103,11 @@ def _greedy(drafter, verifier, prompts, lengths, **kw):
   return jax.tree.map(np.asarray, got.stats)
 
 
-def _agreeing_toys(vocab, noise=0.7):
-  verifier = PositionalTrigram.random(2, vocab)
-  table = verifier.table + noise * np.random.default_rng(9).normal(size=verifier.table.shape)
-  return verifier.replace(table=jnp.asarray(table, jnp.float32)), verifier
-
-
 def test_greedy_equals_the_verifiers_greedy_and_beams_accept_more_than_one_chain():
   """Toy pair, ragged batch of 8: token for token; K = 3 beams accept more tokens per verifier call than
   K = 1 (one greedy chain) on this pair."""
   vocab = 12
-  drafter, verifier = _agreeing_toys(vocab)
+  drafter, verifier = agreeing_toys(vocab)
   rng = np.random.default_rng(8)
   prompts = jnp.asarray(rng.integers(0, vocab, (8, 6)), jnp.int32)
   lengths = jnp.asarray(rng.integers(1, 7, 8), jnp.int32)

@@ -10,7 +10,7 @@ import pytest
 from specdec import decoding, sampling
 from specdec.decoding import multi_draft
 from tests.stats import assert_law, sequence_codes, sequence_law
-from tests.toy_models import PositionalTrigram, tiny_pair
+from tests.toy_models import PositionalTrigram, agreeing_toys, tiny_pair
 
 METHODS = ["spectr", "specinfer"]
 
@@ -68,14 +68,6 @@ def test_drafts_are_iid_samples_of_the_drafter():
   assert_law(pair, np.outer(law, law).ravel(), what="drafts 0 and 2 jointly")
 
 
-def _agreeing_toys(vocab, noise=0.7):
-  """A verifier and a drafter whose logit table is the verifier's plus noise: greedy outputs that change
-  with position and context, drafts often but not always accepted."""
-  verifier = PositionalTrigram.random(2, vocab)
-  rng = np.random.default_rng(9)
-  return verifier.replace(table=verifier.table + noise * rng.normal(size=verifier.table.shape)), verifier
-
-
 def _greedy_case(drafter, verifier, method, batch, num_drafts, gamma, vocab):
   rng = np.random.default_rng(batch)
   prompts = jnp.asarray(rng.integers(0, vocab, (batch, 6)), jnp.int32)
@@ -98,7 +90,7 @@ GREEDY_DEFAULT = {(1, 7), (8, 1)}
     for method, num_drafts in [("spectr", 1), ("spectr", 4), ("specinfer", 4)] for batch in (1, 8)
     for gamma in (1, 3, 7)])
 def test_greedy_equals_the_verifiers_greedy(method, batch, num_drafts, gamma):
-  stats = _greedy_case(*_agreeing_toys(12), method, batch, num_drafts, gamma, 12)
+  stats = _greedy_case(*agreeing_toys(12), method, batch, num_drafts, gamma, 12)
   assert int(np.sum(stats.accepted)) > 0 and int(np.sum(stats.rejected)) > 0
 
 

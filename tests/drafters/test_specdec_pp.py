@@ -17,10 +17,6 @@ from tests.stats import assert_law, sequence_codes, sequence_law
 from tests.toy_models import PositionalTrigram, tiny_pair
 
 
-def _pair(vocab, max_length=96):
-  return tiny_pair(vocab, max_length)
-
-
 def _head(drafter, *, seed=0, bias=None, depth=1):
   head = init_head(HeadConfig(drafter.config.embed_dim, depth=depth), jax.random.PRNGKey(seed))
   if bias is not None:   # a head that always predicts sigmoid(bias)
@@ -32,7 +28,7 @@ def _head(drafter, *, seed=0, bias=None, depth=1):
 
 @pytest.mark.parametrize("batch", [1, 8])
 def test_greedy_specdec_pp_equals_the_verifiers_greedy(batch):
-  drafter, verifier = _pair(12)
+  drafter, verifier = tiny_pair(12, 96)
   rng = np.random.default_rng(batch)
   prompts = jnp.asarray(rng.integers(0, 12, (batch, 10)), jnp.int32)
   lengths = jnp.asarray(rng.integers(3, 11, batch), jnp.int32)
@@ -48,7 +44,7 @@ def test_greedy_specdec_pp_equals_the_verifiers_greedy(batch):
 def test_specdec_pp_sampling_keeps_the_verifiers_sequence_law():
   """V = 4, 3 new tokens, T = 1, a random head whose stops vary: the law is Π_t p_t (chi-square)."""
   vocab, n_new, samples = 4, 3, 60_000
-  drafter, verifier = _pair(vocab, max_length=16)
+  drafter, verifier = tiny_pair(vocab, 16)
   prompt = [1, 2, 1]
   prompts = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (samples, 3))
   headed = decoding.ModelDrafter(drafter, head=_head(drafter, seed=3, depth=0))
@@ -62,7 +58,7 @@ def test_specdec_pp_sampling_keeps_the_verifiers_sequence_law():
                                                      (0.0, 0.8, 3)])
 def test_the_head_decides_the_draft_length(bias, threshold, drafts):
   """P̂ ≡ σ(bias): drafting stops after the first draft i with 1 − P̂^i > h (or at max_gamma = 4)."""
-  drafter, verifier = _pair(12)
+  drafter, verifier = tiny_pair(12, 96)
   prompts = jnp.asarray(np.random.default_rng(0).integers(0, 12, (1, 8)), jnp.int32)
   headed = decoding.ModelDrafter(drafter, head=_head(drafter, bias=bias))
   out = decoding.generate(jax.random.PRNGKey(0), headed, verifier, prompts, method="specdec_pp",
@@ -75,7 +71,7 @@ def test_the_head_decides_the_draft_length(bias, threshold, drafts):
 
 
 def test_specdec_pp_refuses_a_drafter_without_head_and_bad_thresholds():
-  drafter, verifier = _pair(12)
+  drafter, verifier = tiny_pair(12, 96)
   prompts = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(ValueError, match="acceptance head"):
     decoding.generate(jax.random.PRNGKey(0), drafter, verifier, prompts, method="specdec_pp", max_new_tokens=4)
@@ -93,7 +89,7 @@ def _split(vocab, n, seed):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_labels_are_the_exact_acceptance_probabilities(temperature):
-  drafter, verifier = _pair(12)
+  drafter, verifier = tiny_pair(12, 96)
   split = _split(12, 4, 0)
   s = sampling.Sampling(temperature)
   rows = acceptance.label_rows(drafter, verifier, split, key=jax.random.PRNGKey(0), sampling=s, batch_size=4)
@@ -112,7 +108,7 @@ def test_labels_are_the_exact_acceptance_probabilities(temperature):
 
 def test_labels_need_a_decoder_only_drafter_with_hidden_states():
   """The head reads the drafter's hidden states: a model declaring no `feature_access` is named, before any compute."""
-  _, verifier = _pair(12)
+  _, verifier = tiny_pair(12, 96)
   with pytest.raises(ValueError, match="decoder-only drafters with hidden states .*PositionalTrigram is not one"):
     acceptance.label_rows(PositionalTrigram.random(0, 12), verifier, _split(12, 4, 0), key=jax.random.PRNGKey(0),
                           sampling=sampling.Sampling(0.0))
@@ -121,7 +117,7 @@ def test_labels_need_a_decoder_only_drafter_with_hidden_states():
 def test_a_trained_head_beats_the_constant_prediction_and_round_trips(tmp_path):
   """Greedy labels of a tiny pair depend on the context the drafter's hidden state encodes: on held-out
   rows the trained head's binary KL is below that of predicting the mean training label."""
-  drafter, verifier = _pair(12)
+  drafter, verifier = tiny_pair(12, 96)
   s = sampling.Sampling(0.0)
   train = acceptance.label_rows(drafter, verifier, _split(12, 256, 1), key=jax.random.PRNGKey(1), sampling=s)
   valid = acceptance.label_rows(drafter, verifier, _split(12, 64, 2), key=jax.random.PRNGKey(2), sampling=s)

@@ -1,6 +1,5 @@
 """Pareto frontiers, Table 2 and the plots (specdec.evaluation.pareto, scripts/plot.py)."""
 
-import importlib.util
 import itertools
 import pathlib
 
@@ -8,6 +7,7 @@ import matplotlib.colors
 import pytest
 
 from specdec.evaluation import pareto
+from tests.commands import load_script
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "sweep" / "results.jsonl"
@@ -89,15 +89,8 @@ def test_table2_without_the_verifier_alone_says_so():
     pareto.table2_rows(pareto.group_records(records)[0])
 
 
-def _load_script(name):
-  spec = importlib.util.spec_from_file_location(f"{name}_script", REPO_ROOT / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_plot_script_renders_figures_and_table_from_a_results_file(tmp_path):
-  paths = _load_script("plot").main([f"--results={FIXTURE}", f"--out_dir={tmp_path}"])
+  paths = load_script("plot").main([f"--results={FIXTURE}", f"--out_dir={tmp_path}"])
   for name in ("pareto.png", "rejection.png"):
     data = (tmp_path / name).read_bytes()
     assert paths[name] == str(tmp_path / name)

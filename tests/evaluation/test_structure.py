@@ -6,6 +6,7 @@ modules and functions fit a page (500 and 80 lines), and capabilities are declar
 
 import ast
 import pathlib
+import re
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = REPO_ROOT / "specdec"
@@ -55,6 +56,9 @@ def test_top_level_imports_have_no_cycle():
   modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
 
   def resolve(name: str) -> str | None:   # `from specdec.x import y`: the module y, else x
+    parts = name.split(".")
+    if parts[:1] == ["specdec"] and len(parts) > 1 and parts[1] in CORE_NAMES:   # `from specdec import sampling`
+      name = ".".join(["specdec", "core", *parts[1:]])
     while name and name not in modules:
       name = name.rpartition(".")[0]
     return name or None
@@ -77,6 +81,42 @@ def test_top_level_imports_have_no_cycle():
   for module in sorted(edges):
     if module not in state:
       visit(module, [module])
+
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+IMPORT_LINE = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+(\([^)]*\)|[\w \t,]+)|import[ \t]+([\w.]+))",
+                         re.MULTILINE)
+
+
+def _doc_imports(page: pathlib.Path) -> list[tuple[str, int]]:
+  """`_imports` of the Python blocks of a docs page, read line by line (a block may hold an elision, …)."""
+  text, found = page.read_text(), []
+  for block in PYTHON_BLOCK.finditer(text):
+    for match in IMPORT_LINE.finditer(text, block.start(1), block.end(1)):
+      module, names, plain = match.groups()
+      line = text.count("\n", 0, match.start()) + 1
+      found += [(plain, line)] if plain else [(f"{module}.{name.split()[0]}", line)
+                                              for name in names.strip("()").split(",") if name.strip()]
+  return found
+
+
+def test_core_modules_have_one_import_path():
+  """A core module is imported from the package, `from specdec import sampling` (specdec/__init__.py re-exports
+  them: the documented API), never as specdec.core.sampling (`from specdec.core import sampling`, `from
+  specdec.core.sampling import …`, `import specdec.core.sampling`): in specdec/, tests/, scripts/ and the
+  Python blocks of the docs. specdec.core's private modules (`_top_p`) have one path, specdec.core's."""
+  files = [path for folder in ("specdec", "tests", "scripts") for path in sorted((REPO_ROOT / folder).rglob("*.py"))]
+  pages = sorted((REPO_ROOT / "docs").rglob("*.md")) + [REPO_ROOT / "README.md"]
+  problems = []
+  for path in files + pages:
+    if path == PACKAGE / "__init__.py":   # the re-exports themselves
+      continue
+    imports = _doc_imports(path) if path.suffix == ".md" else _imports(path, top_level_only=False)
+    problems += [f"{path.relative_to(REPO_ROOT)}:{line} imports {name}; use `from specdec import {parts[2]}`"
+                 for name, line in imports
+                 if (parts := name.split("."))[:2] == ["specdec", "core"] and len(parts) > 2
+                 and parts[2] in CORE_NAMES]
+  assert not problems, "\n".join(problems)
 
 
 def test_no_test_module_imports_another_test_module_or_a_conftest():

@@ -1,4 +1,4 @@
-"""The slot-major KV cache ([C, B, K·D] per layer, TPU programs' `base.cache_layout`) and the Pallas kernel that
+"""The slot-major KV cache ([C, B, K·D] per layer, layout "slots": TPU programs' `base.cache_layout`) and the Pallas kernel that
 attends over it in place (models/attention_kernel.py): the kernel, run by Pallas's interpreter on this CPU,
 computes `base.attend`'s attention (grouped queries, T5's bias, Gemma's soft cap, heads of 32 to 256), and every
 model decodes the same tokens with either layout (slot writes, tree-path copies, beam reorders). That the TPU
@@ -38,8 +38,8 @@ def test_the_kernel_attends_as_base_attend_does(b, n, k, g, c, d, bias_rows, sof
                                 block=block, interpret=True)
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
   # and `base.attend` on the slot-major arrays (XLA's attention off TPU) is the same function
-  np.testing.assert_allclose(base.attend(query, keys, values, visible, bias=bias, soft_cap=soft_cap), want,
-                             atol=1e-6, rtol=1e-6)
+  np.testing.assert_allclose(base.attend(query, keys, values, visible, layout="slots", bias=bias, soft_cap=soft_cap),
+                             want, atol=1e-6, rtol=1e-6)
 
 
 def test_heads_that_make_no_whole_lane_block_are_left_to_xla():
@@ -66,15 +66,24 @@ def test_a_long_prefill_is_attended_in_blocks_of_queries_that_fit_vmem():
   assert not attention_kernel.takes(8, 64, **(shape | dict(head_dim=32, key_heads=2)))
 
 
-def test_the_layout_follows_the_platform_traced_for_unless_forced():
+def test_the_layout_is_the_platforms_unless_given_and_a_field_of_the_cache():
+  assert [base.cache_layout(platform) for platform in ("cpu", "gpu", "tpu")] == ["heads", "heads", "slots"]
+  assert base.cache_layout() == base.cache_layout(jax.default_backend())
   shapes = {}
-  for platform, forced in [("cpu", None), ("tpu", None), ("cpu", "slots")]:
-    with base.target_platform(platform), base.forced_cache_layout(forced):
-      cache = base.empty_cache(2, 16, max_length=32, num_layers=1, heads=4, head_dim=8, dtype=jnp.float32)
-    shapes[platform, forced] = cache.kv["keys"][0].shape
-  assert shapes == {("cpu", None): (2, 4, 16, 8), ("tpu", None): (16, 2, 32), ("cpu", "slots"): (16, 2, 32)}
+  for layout in base.CACHE_LAYOUTS:
+    cache = base.empty_cache(2, 16, max_length=32, num_layers=1, heads=4, head_dim=8, dtype=jnp.float32,
+                             layout=layout)
+    assert cache.layout == layout and base.cache_slots(cache) == 16
+    assert jax.tree.structure(base.row_axes(cache)) == jax.tree.structure(cache)
+    shapes[layout] = cache.kv["keys"][0].shape
+  assert shapes == {"heads": (2, 4, 16, 8), "slots": (16, 2, 32)}
+  assert base.empty_cache(2, 16, max_length=32, num_layers=1, heads=4, head_dim=8,
+                          dtype=jnp.float32).layout == base.cache_layout()
   with pytest.raises(ValueError, match="cache layout must be one of"):
-    base.forced_cache_layout("rows")
+    base.empty_cache(2, 16, max_length=32, num_layers=1, heads=4, head_dim=8, dtype=jnp.float32, layout="rows")
+  with pytest.raises(ValueError, match="cache layout must be one of"):
+    decoding.lower(jax.random.PRNGKey(0), None, models.build("tiny", vocab_size=64, seed=1, max_length=64),
+                   jnp.ones((1, 4), jnp.int32), method="autoregressive", max_new_tokens=2, cache_layout="rows")
 
 
 # One decode per family, together covering every cache operation: slot writes and attention (all), a beam's
@@ -92,12 +101,10 @@ def test_every_model_decodes_the_same_tokens_from_a_slot_major_cache(family):
   prompts = jnp.asarray(np.random.default_rng(0).integers(2, 64, (3, 8)), jnp.int32)
   lengths = jnp.array([8, 5, 3])
 
-  def run() -> decoding.Output:
+  def run(**layout) -> decoding.Output:
     return decoding.generate(jax.random.PRNGKey(7), drafter, verifier, prompts, lengths, method=method, gamma=3,
-                             temperature=temperature, max_new_tokens=10, eos_id=None, **params)
-  heads = run()
-  with base.forced_cache_layout("slots"):
-    slots = run()
+                             temperature=temperature, max_new_tokens=10, eos_id=None, **params, **layout)
+  heads, slots = run(), run(cache_layout="slots")
   np.testing.assert_array_equal(slots.tokens, heads.tokens)
   np.testing.assert_array_equal(slots.stats.accepted, heads.stats.accepted)
   assert 0 < int(np.sum(heads.stats.accepted)) < int(np.sum(heads.stats.drafted))   # some drafts rejected

@@ -13,11 +13,12 @@ from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
 from specdec import decoding, models
-from specdec.models import gemma2, partitioning
+from specdec.models import partitioning
 from specdec.training import CheckpointError, convert, decoder_checkpoints, load_model, save_params
 from tests.backends import tolerance
 from tests.model_contract import assert_greedy_decoding_is_the_verifiers
 from tests.stats import assert_law, sequence_codes, sequence_law
+from tests.toy_models import tiny_pair
 
 HF_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=6,
@@ -138,18 +139,14 @@ def test_a_checkpoint_in_the_gemma_librarys_layout_loads(tmp_path):
     decoder_checkpoints.load_gemma(str(tmp_path / "2b"), "gemma2_2b")
 
 
-def _pair(vocab: int, window: int, scale: float = 1.0, max_length: int = 64) -> tuple[models.Decoder, models.Decoder]:
-  """A drafter and a verifier: tiny Gemma 2s whose local layers see `window` positions."""
-  config = gemma2.config(vocab, embed_dim=16, hidden_dim=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
-                          query_pre_attn_scalar=8.0, sliding_window=window, max_len=max_length)
-  return tuple(models.with_params(m, jax.tree.map(lambda w: scale * w, m.params))
-               for m in (models.decoder.init(config, jax.random.PRNGKey(seed)) for seed in (1, 2)))
+# Smaller than gemma2_tiny (one key/value head of two query heads); drafter seed 1, verifier seed 2.
+SMALL = dict(seeds=(1, 2), preset="gemma2_tiny", embed_dim=16, hidden_dim=32, num_heads=2, num_kv_heads=1)
 
 
 @pytest.mark.parametrize("method, params", [("speculative", dict(gamma=3)), ("spectr", dict(num_drafts=2, gamma=2))])
 def test_greedy_decoding_with_a_gemma2_pair_is_the_verifiers_greedy(method, params):
   """Ragged prompts, 24 new tokens: decoding runs far past the window of 4."""
-  drafter, verifier = _pair(32, window=4)
+  drafter, verifier = tiny_pair(32, 64, sliding_window=4, **SMALL)
   assert_greedy_decoding_is_the_verifiers(drafter, verifier, method, params, vocab_size=32)
 
 
@@ -161,7 +158,7 @@ def test_sampling_with_a_gemma2_pair_keeps_the_verifiers_sequence_law(method, pa
   the greedy test above, SpecTr's law on the toy model and SpecInfer's through the transformer's trees
   (tests/drafters/test_multi_draft.py)."""
   vocab, n_new, samples, prompt = 4, 3, 20_000, np.array([2, 0, 1])
-  drafter, verifier = _pair(vocab, window=2, scale=0.25, max_length=32)   # far from one-hot laws
+  drafter, verifier = tiny_pair(vocab, 32, scale=0.25, sliding_window=2, **SMALL)   # far from one-hot laws
   out = decoding.generate(jax.random.PRNGKey(5), drafter, verifier, jnp.broadcast_to(jnp.asarray(prompt), (samples, 3)),
                           method=method, max_new_tokens=n_new, eos_id=None, **params)
   assert_law(sequence_codes(out.tokens, vocab), sequence_law(verifier, prompt, n_new), what=method)

@@ -1,6 +1,7 @@
-"""T5 v1.1: T5X's parameter tree and sizes, the cached path equals teacher forcing, Hugging Face import
+"""T5 v1.1: T5X's parameter tree and sizes, the decoder's hidden states and encoder padding, Hugging Face import
 gives PyTorch's logits and greedy outputs, T5X checkpoints round-trip, bad checkpoints raise, and the
-decode loops drive a T5 pair exactly (greedy equality, whole-sequence laws by enumeration).
+decode loops drive a T5 pair exactly (greedy equality, whole-sequence laws by enumeration). Its cached path (per-row
+lengths, rollback, token trees) is the model contract's: tests/models/test_contract.py.
 
 torch/transformers are only needed by the tests comparing with PyTorch (skipped without them).
 """
@@ -23,21 +24,11 @@ from specdec.training import CheckpointError, convert
 from tests.backends import tolerance
 from tests.stats import assert_law
 from tests.t5_data import ENCODER_LENGTHS, assert_hf_logits_equal, t5_batch, teacher_forced
+from tests.toy_models import tiny_pair
 
-
-
-@jax.jit
-def _score(model, cache, tokens, positions=None, tree_mask=None):
-  """`score`'s logits and cache."""
-  scored = model.score(cache, tokens, positions=positions, tree_mask=tree_mask)
-  return scored.logits, scored.cache
-
-
-_score_tree = _score
 _prefill = jax.jit(base.prefill)
 
 V = 32
-ROWS = np.arange(3)[:, None]
 
 
 @pytest.fixture(scope="module")
@@ -84,21 +75,6 @@ def test_presets_have_the_t5_v1_1_sizes():
     models.build("t5_huge", vocab_size=V)
 
 
-@pytest.mark.parametrize("n, steps", [(1, 8), (3, 3)])
-def test_cached_scoring_of_ragged_rows_equals_teacher_forcing(model, n, steps):
-  encoder, decoder = t5_batch(0)
-  reference = np.asarray(teacher_forced(model, decoder, encoder, ENCODER_LENGTHS))
-  start, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
-  np.testing.assert_array_equal(start, 0)
-  np.testing.assert_array_equal(cache.lengths, 0)
-  # rows advance by different amounts: roll each back to its own accepted prefix after every call
-  for step in range(steps):
-    positions = np.asarray(cache.lengths)[:, None] + np.arange(n)
-    logits, cache = _score(model, cache, decoder[ROWS, positions])
-    np.testing.assert_allclose(logits, reference[ROWS, positions], rtol=0, atol=tolerance(1e-5))
-    cache = base.rollback(cache, np.asarray(cache.lengths) - np.array([0, step % n, (step + 1) % n]))
-
-
 def test_score_returns_the_decoder_hidden_states_the_logits_are_read_from(model):
   encoder, decoder = t5_batch(1)
   _, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
@@ -118,20 +94,6 @@ def test_padding_and_other_rows_do_not_change_a_row(model):
     width = ENCODER_LENGTHS[b]
     alone = teacher_forced(model, decoder[b:b + 1], encoder[b:b + 1, :width], ENCODER_LENGTHS[b:b + 1])
     np.testing.assert_allclose(alone[0], batched[b], rtol=0, atol=tolerance(1e-5))
-
-
-def test_two_branch_tree_in_one_call_equals_each_branch_alone(model):
-  encoder, decoder = t5_batch(2)
-  _, cache = _prefill(model, model.init_cache(3, 16), encoder, ENCODER_LENGTHS)
-  _, cache = _score(model, cache, decoder[:, :3])
-  branch_a, branch_b = decoder[:, 3:5], (decoder[:, 3:5] + 1) % V
-  positions = np.broadcast_to(3 + np.array([0, 1, 0, 1]), (3, 4))
-  tree_mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], bool)
-  logits, tree_cache = _score_tree(model, cache, np.concatenate([branch_a, branch_b], 1), positions,
-                                   np.broadcast_to(tree_mask, (3, 4, 4)))
-  np.testing.assert_allclose(logits[:, :2], _score(model, cache, branch_a)[0], rtol=0, atol=tolerance(1e-5))
-  np.testing.assert_allclose(logits[:, 2:], _score(model, cache, branch_b)[0], rtol=0, atol=tolerance(1e-5))
-  np.testing.assert_array_equal(tree_cache.lengths, 7)
 
 
 # --- Hugging Face -------------------------------------------------------------------------------------
@@ -273,13 +235,13 @@ def test_t5x_missing_misshaped_or_unreadable_parameter_raises_naming_it(model, t
 N_NEW = 12
 
 
-def _pair(vocab, max_length=32, logit_scale=1.0):
-  """Two random t5_tiny models (drafter seed 1, verifier seed 2), logits scaled by `logit_scale`."""
+def _t5_pair(vocab, max_length=32, logit_scale=1.0):
+  """Two random t5_tiny models (`tiny_pair`: drafter seed 1, verifier seed 2), logits scaled by `logit_scale`."""
   def scaled(m):
     params = jax.tree.map(lambda x: x, m.params)
     params["decoder"]["logits_dense"]["kernel"] = logit_scale * params["decoder"]["logits_dense"]["kernel"]
     return m.replace(params=params)
-  return tuple(scaled(models.build("t5_tiny", vocab_size=vocab, seed=s, max_length=max_length)) for s in (1, 2))
+  return tuple(scaled(m) for m in tiny_pair(vocab, max_length, seeds=(1, 2), preset="t5_tiny"))
 
 
 def _assert_same_greedy(got, want, verifier, prompts, lengths, *, tie_tolerance=tolerance(1e-4)):
@@ -305,7 +267,7 @@ def test_greedy_speculative_equals_verifier_greedy(gamma):
   """8 prompts at batch 4 and one at a time, against the verifier's greedy decoding at batch 4. The encoder
   inputs (width 40) are longer than the decoder cache (max_length 32): an encoder-decoder's prompt takes one
   decoder position."""
-  drafter, verifier = _pair(V)
+  drafter, verifier = _t5_pair(V)
   rng = np.random.default_rng(0)
   ambiguous = rejected = 0
   for _ in range(2):
@@ -325,7 +287,7 @@ def test_greedy_speculative_equals_verifier_greedy(gamma):
 @pytest.mark.parametrize("method", ["spectr", "specinfer"])
 def test_greedy_multi_draft_equals_verifier_greedy(method):
   """K = 3 drafts of γ = 3 on a token tree, 4 ragged prompts, against the verifier's greedy decoding."""
-  drafter, verifier = _pair(V)
+  drafter, verifier = _t5_pair(V)
   rng = np.random.default_rng(1)
   lengths = rng.integers(1, 41, size=4).astype(np.int32)
   prompts = np.where(np.arange(40) < lengths[:, None], rng.integers(2, V, size=(4, 40)), 0).astype(np.int32)
@@ -361,7 +323,7 @@ def test_sequence_law_matches_enumeration(method, rule, alpha, gamma):
   `test_greedy_multi_draft_equals_verifier_greedy` and specinfer's law on the other models), the Alg. 4 law of
   π = T(q, p) per position for speculative decoding."""
   temperature, top_p = 1.0, 0.9
-  drafter, verifier = _pair(LAW_V, logit_scale=2.0)
+  drafter, verifier = _t5_pair(LAW_V, logit_scale=2.0)
   seqs = np.array(list(itertools.product(range(LAW_V), repeat=LAW_NEW)))
   decoder = jnp.asarray(np.concatenate([np.zeros((len(seqs), 1), np.int32), seqs[:, :-1]], 1))
   encoder = jnp.asarray(np.broadcast_to(LAW_PROMPT, (len(seqs), 4)))

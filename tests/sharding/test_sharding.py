@@ -42,7 +42,7 @@ def eight_devices():
     pytest.skip(message)
 
 
-def _pair(kind):
+def _perturbed_pair(kind):
   """(drafter, verifier): a random T5, a random Gemma 2 (4 query heads over 2 key/value heads, window 4: its
   heads split over 'model'), or a random decoder-only transformer with its weights scaled up so that greedy
   outputs vary, and a drafter that is the verifier with its weights perturbed (drafts sometimes rejected)."""
@@ -77,7 +77,7 @@ def test_mesh_shape_must_use_every_device():
 
 @pytest.mark.parametrize("kind", ["t5", "lm"])
 def test_every_parameter_has_logical_axes_and_the_rules_split_the_large_dimensions(kind):
-  _, verifier = _pair(kind)
+  _, verifier = _perturbed_pair(kind)
   mesh = partitioning.make_mesh(4, 2)
   specs = jax.tree.map(lambda s: s.spec, partitioning.param_shardings(verifier.params, mesh))
   flat = {"/".join(k.key for k in path): spec for path, spec in jax.tree_util.tree_flatten_with_path(specs)[0]}
@@ -116,7 +116,7 @@ def test_every_parameter_has_logical_axes_and_the_rules_split_the_large_dimensio
 def test_decoding_on_a_mesh_gives_the_one_device_tokens(kind, shape, method, temperature):
   """Parameters by the logical rules, prompts by rows over 'data': the same tokens as on one device, greedy
   and, for the same key, sampled (threefry's bits do not depend on the layout)."""
-  drafter, verifier = _pair(kind)
+  drafter, verifier = _perturbed_pair(kind)
   prompts, lengths = _prompts()
   kw = dict(method=method, gamma=3, temperature=temperature, max_new_tokens=12, eos_id=None)
   if method == "spectr":
@@ -152,7 +152,7 @@ def test_data_parallel_devices_hold_only_their_rows(kind, method, temperature):
   beams, which trade states within their row), and the tokens are one device's. The batch, prompts and
   decoding parameters are those of `test_decoding_on_a_mesh_gives_the_one_device_tokens`, so that the cases
   both run reuse its compiled programs."""
-  drafter, verifier = _pair(kind)
+  drafter, verifier = _perturbed_pair(kind)
   prompts, lengths = _prompts()
   beams = {"num_drafts": 2} if method == "dynamic_tree" else {}
   kw = dict(method=method, gamma=3, temperature=temperature, max_new_tokens=12, eos_id=None, **beams)
@@ -180,7 +180,7 @@ def _t5_batch(batch=8):
 @pytest.mark.parametrize("optimizer", ["adamw", "adafactor"])
 @pytest.mark.parametrize("shape", MESHES)
 def test_a_sharded_training_step_equals_the_one_device_step(optimizer, shape):
-  _, model = _pair("t5")
+  _, model = _perturbed_pair("t5")
   tx = train.make_optimizer(100, name=optimizer, learning_rate=1e-2, warmup_steps=0, decay="cosine")
   batch = _t5_batch()
   want, want_metrics = model, None

@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specdec import models
+from specdec import models, sampling
 from specdec.cli import plan as plan_cli
-from specdec.core import sampling
 from specdec.evaluation import hlo, plan, tpu_programs, tpu_topology
 from specdec.models import attention_kernel
 

@@ -3,7 +3,6 @@ model export, the gin entry point, and encoder-decoder (T5) training on the loca
 
 import functools
 import gc
-import importlib.util
 import itertools
 import logging
 import json
@@ -21,6 +20,7 @@ import pytest
 from specdec import models, training
 from specdec.data import seqio_tasks, tasks
 from specdec.models import partitioning, t5
+from tests.commands import load_script
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 V, L, B = 32, 32, 8
@@ -34,14 +34,7 @@ RESUME_STEPS, SAVE_EVERY, KILLED_AFTER = 30, 10, 25
 logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
-def _load_script(path):
-  spec = importlib.util.spec_from_file_location("train_script", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-train_script = _load_script(REPO_ROOT / "scripts" / "train.py")
+train_script = load_script("train")
 
 
 def _run(model_dir, num_steps, data_source=training.markov_batches, **kw):
