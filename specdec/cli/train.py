@@ -72,6 +72,8 @@ def _train_model():
     epath.Path(model_dir).mkdir(parents=True, exist_ok=True)
     epath.Path(model_dir, "config.gin").write_text(gin.config_str())
   state, metrics = _register_configurables()()
+  if model_dir:
+    print(f"checkpoints and config.gin in {model_dir}", flush=True)
   export(state)
   return state, metrics
 
@@ -96,6 +98,7 @@ def export(state, *, path: str | None = None, dtype: str = "bfloat16") -> None:
   """Writes the trained parameters (a `training.TrainState`'s), cast to `dtype`, as a model directory
   (`checkpoint.save_params`)."""
   if path is None:
+    print("not exported: export.path is not set (a model directory would need it)", flush=True)
     return
   import jax.numpy as jnp
   from specdec import models, training

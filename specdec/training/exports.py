@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from specdec.data import pretrained
 from specdec.decoding import METHODS, Drafter, Method
 from specdec.models.base import Model
 from specdec.decoding.feature_drafter import FeatureDrafter, check_pair
@@ -89,8 +90,10 @@ def check_feature_drafter_method(method: Method, drafter: str) -> None:
 
 
 def load_drafter(directory: str, verifier: Model) -> Model | Drafter:
-  """The drafter exported in `directory`: a feature drafter over `verifier` (`is_feature_head`; ValueError
-  naming both where the head was trained for another verifier), else the model (`loading.load_model`)."""
+  """The drafter exported in `directory` (or shipped under that name: smollm2_eagle, debian_drafter, …): a feature
+  drafter over `verifier` (`is_feature_head`; ValueError naming both where the head was trained for another
+  verifier), else the model (`loading.load_model`)."""
+  directory = pretrained.resolve(directory)
   if is_feature_head(directory):
     head = feature_head.load_head(directory)
     try:

@@ -459,3 +459,21 @@ def test_the_deferred_counter_is_printed_for_deferral_rules_only(capsys):
   record["run"]["params"]["rule"] = "chow"
   generate._print_record(record)
   assert "deferred=1" in capsys.readouterr().out
+
+
+def test_specdec_train_says_where_its_checkpoints_went_and_that_it_exported_nothing(tmp_path, capsys):
+  import gin
+  from specdec.cli import train
+  try:
+    train.main(["--gin_file=configs/train/tiny_synthetic.gin", "--gin_bindings=train.num_steps = 2",
+                f"--gin_bindings=train.model_dir = '{tmp_path}'", "--gin_bindings=train.log_every = 1"])
+  finally:
+    gin.clear_config()
+  out = capsys.readouterr().out
+  assert f"checkpoints and config.gin in {tmp_path}" in out and "not exported: export.path is not set" in out
+
+
+def test_every_specdec_plan_option_says_what_it_is():
+  from specdec.cli import plan as plan_cli
+  silent = [action.option_strings for action in plan_cli._parser()._actions if not action.help]
+  assert not silent
