@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import pathlib
 import re
@@ -44,8 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from specdec import cli, targets
+from specdec import cli
 from specdec.cli import registry
+from specdec.cli.generate_output import (  # noqa: F401 (StreamedOutput, _print_record: this module's API)
+    StreamedOutput, Tally, batch_records, finish_output, kept_message, print_record as _print_record, print_summary)
 from specdec.data import formats, pretrained, shipped
 
 PROG = "specdec-generate"
@@ -297,78 +298,6 @@ def unknown_characters(texts: Sequence[str], vocab) -> list[list[str]]:
   return [[c for c in text if unknown(c)] for text in texts]
 
 
-# --- output -------------------------------------------------------------------------------------------
-
-class StreamedOutput:
-  """--output FILE: the records of finished prompts appended to FILE.partial, one batch at a time (whole
-  lines), renamed to FILE when every prompt is done; until then FILE is left as it was. Paths are checked
-  when it is made, before anything is decoded."""
-
-  def __init__(self, path: str):
-    self.path = path
-    self.partial = path + ".partial"
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-      raise ValueError(f"--output {path} is a directory; give a file name, e.g. {os.path.join(path, 'out.jsonl')}")
-    if not os.path.isdir(folder):
-      raise FileNotFoundError(f"--output {path}: no such directory {folder}")
-    for file in (path, self.partial):
-      if os.path.exists(file) and not os.access(file, os.W_OK):
-        raise PermissionError(f"--output {path}: {file} is not writable")
-    if not os.access(folder, os.W_OK):
-      raise PermissionError(f"--output {path}: cannot create files in {folder}")
-
-  def resume(self, texts: Sequence[str], run: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records FILE.partial holds from an interrupted run of this command (the same run settings, its
-    prompts the first of `texts`); [] when there is none. A line cut short (a killed write) is dropped."""
-    if not os.path.exists(self.partial):
-      return []
-    with open(self.partial, "rb") as f:
-      data = f.read()
-    lines = data[:data.rfind(b"\n") + 1].decode("utf-8", "replace").splitlines()
-    records = []
-    for number, line in enumerate(lines, 1):
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        record = None
-      if (not isinstance(record, dict) or record.get("run") != run or number > len(texts)
-          or record.get("prompt") != texts[number - 1]):
-        raise ValueError(f"--output {self.path}: {self.partial} holds the start of another run (line {number}: other "
-                         "settings or prompts); rerun that command to finish it, or delete the file")
-      records.append(record)
-    if not data.endswith(b"\n"):
-      with open(self.partial, "r+b") as f:
-        f.truncate(data.rfind(b"\n") + 1)
-    return records
-
-  def kept(self) -> int:
-    """How many records FILE.partial holds: its whole lines (read from the file, which Ctrl-C may have
-    reached between a write and anything counted after it)."""
-    if not os.path.exists(self.partial):
-      return 0
-    with open(self.partial, "rb") as f:
-      return f.read().count(b"\n")
-
-  def append(self, records: Sequence[dict[str, Any]]) -> None:
-    """Appends the records as whole lines in one write(2), unbuffered (Ctrl-C ends the process with
-    `os._exit`, which flushes nothing), synced to the disk."""
-    data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8")
-    descriptor = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-      while data:
-        data = data[os.write(descriptor, data):]
-      os.fsync(descriptor)
-    finally:
-      os.close(descriptor)
-
-  def finish(self) -> None:
-    """Renames FILE.partial (an empty one if no record was written) to FILE."""
-    if not os.path.exists(self.partial):
-      open(self.partial, "w").close()
-    os.replace(self.partial, self.path)
-
-
 # --- decoding -------------------------------------------------------------------------------------------
 
 def prompt_width(longest: int, task_budget: int | None, fits: Callable[[int], bool]) -> int:
@@ -389,16 +318,6 @@ def batch_rows(n_prompts: int, batch_size: int) -> list[np.ndarray]:
   final row, so that any number of prompts runs the same compiled programs (padding rows are discarded)."""
   size = 1 if n_prompts == 1 else batch_size
   return [np.minimum(np.arange(start, start + size), n_prompts - 1) for start in range(0, n_prompts, size)]
-
-
-def _print_record(record: dict[str, Any]) -> None:
-  counters = record["counters"]
-  # `deferred` counts a deferral rule's decisions (cascades); under a lossless rule it would only count p ≠ q.
-  defers = record["run"]["params"].get("rule") in targets.deferral_rules()
-  shown = " ".join(f"{name}={count}" for name, count in counters.items() if name != "deferred" or defers)
-  if counters["drafted"]:
-    shown += f" acceptance={counters['accepted'] / counters['drafted']:.2f}"
-  print(f"> {record['prompt']}\n{record['text']}\n  [{shown}]", flush=True)
 
 
 def _warn_of_unknown_characters(texts: Sequence[str], vocab) -> list[int]:
@@ -429,26 +348,9 @@ def _decode(drafter, verifier, prompts: np.ndarray, lengths: np.ndarray, ids: np
   return out, time.perf_counter() - start - compiling, compiling
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-  """Decodes the prompts; returns one record per prompt (what --output writes)."""
-  # Everything the arguments alone decide is checked before JAX is imported (a fraction of a second).
-  args = _parser().parse_args(argv)
-  given = _given_params(args)
-  registry.check_params(args.method, given)
-  texts = _read_prompts(args)
-  _check_options(args)
-  verifier_directory = _model_directory(args.verifier, "verifier")
-  drafter_directory, parts_directory = _drafter_directories(args)
-  output = StreamedOutput(args.output) if args.output else None
-
+def _configure_cache(args: argparse.Namespace) -> str:
+  """Sets JAX's persistent compilation cache (or turns it off with --no_cache); its directory."""
   import jax
-  from specdec import decoding
-  from specdec.data import load_vocabulary, tasks
-  from specdec.training import exports
-  from specdec.training import load_model
-
-  method = decoding.methods.get(args.method)
-  params = _resolve_params(method, given)
   cache_dir = args.cache_dir or default_cache_dir()
   if args.no_cache:
     jax.config.update("jax_enable_compilation_cache", False)
@@ -457,7 +359,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     # Every program, small ones too: a second identical call then compiles nothing.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   _count_compilations()
-  cache_before = dict(_cache_counts)
+  return cache_dir
+
+
+def _load_models(args: argparse.Namespace, method, verifier_directory: str, drafter_directory: str | None,
+                 parts_directory: str | None):
+  """(vocab, verifier, drafter or None), checked against each other and the options."""
+  from specdec.data import load_vocabulary
+  from specdec.training import exports, load_model
   vocab = load_vocabulary(args.vocab or (verifier_directory if formats.is_gguf(verifier_directory) else None))
   if args.chat and vocab.chat_template is None:
     raise ValueError(f"--chat: the vocabulary {vocab.path} has no chat template; an instruct model's GGUF file "
@@ -473,6 +382,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   if vocab.vocab_size > verifier.vocab_size:
     raise ValueError(f"--vocab has {vocab.vocab_size} pieces, more than the verifier's {verifier.vocab_size} "
                      "embeddings: it is not the models' vocabulary")
+  return vocab, verifier, drafter
+
+
+def _settings_and_run(args: argparse.Namespace, method, params: dict[str, Any], vocab, drafter
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(the sampling settings `_decode` takes, the run each record carries)."""
+  from specdec.data import tasks
   settings = dict(seed=args.seed, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                   max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else
                   tasks.get_task(args.task).max_target_tokens if args.task else 64,
@@ -483,7 +399,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
          "task": args.task, "truncate": args.truncate, "drafter": args.drafter if drafter is not None else None,
          "head": args.head if drafter is not None else None, "verifier": args.verifier, "vocab": args.vocab,
          "chat": args.chat}
+  return settings, run
 
+
+def _prompt_arrays(args: argparse.Namespace, texts: Sequence[str], vocab, verifier, drafter, method,
+                   params: dict[str, Any], max_new_tokens: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+  """(prompts padded to `prompt_width`, their lengths, each text's count of unknown characters)."""
+  from specdec import decoding
+  from specdec.data import tasks
   model_texts = [vocab.format_chat([{"role": "user", "content": text}]) for text in texts] if args.chat else texts
   prompts, lengths = tasks.prompt_batch(model_texts, task=args.task, vocab=vocab, truncate=args.truncate,
                                         encoder_decoder=verifier.encoder_decoder)
@@ -491,78 +414,82 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   budget = registry.load()["tasks"][args.task]["max_input_tokens"] if args.task else None
   cache_room = min(model.max_length for model in (verifier, drafter) if model is not None)
   width = prompt_width(int(lengths.max()), budget, lambda width: decoding.required_cache_length(
-      method, params, verifier, drafter, width, settings["max_new_tokens"]) <= cache_room)
+      method, params, verifier, drafter, width, max_new_tokens) <= cache_room)
   columns = min(width, prompts.shape[1])   # beyond the longest prompt: padding
   prompts = np.pad(prompts[:, :columns], ((0, 0), (0, width - columns)))
-  ids = row_ids(texts)
-  records = output.resume(texts, run) if output else []
-  resumed = len(records)
-  if resumed:
-    print(f"{PROG}: resuming: {resumed} of {len(texts)} prompts are already in {output.partial}", file=sys.stderr)
-  batches = [resumed + rows for rows in batch_rows(len(texts) - resumed, args.batch_size)]
+  return prompts, lengths, unknown
 
-  def kept() -> str:
-    if output is None:
-      return (f"{len(records)} of {len(texts)} prompts were decoded (printed above); with --output FILE an "
-              "interrupted run keeps them and the same command resumes it")
-    done = output.kept()
-    if done == 0:
-      return f"no prompt was finished; {output.path} is as it was"
-    return (f"{done} of {len(texts)} prompts kept in {output.partial} ({output.path} is written once all are "
-            f"done); rerun the same command to decode the other {len(texts) - done}")
-  cli.on_interrupt(kept)
 
+def _decode_batches(args: argparse.Namespace, texts: Sequence[str], batches: list[np.ndarray], arrays, models,
+                    method, params: dict[str, Any], settings: dict[str, Any], run: dict[str, Any],
+                    output: StreamedOutput | None, records: list[dict[str, Any]]) -> tuple[Tally, Tally]:
+  """Decodes the batches, appending each prompt's record to `records` (and --output) and printing it;
+  (the method's tally, the verifier alone's with --compare)."""
   import tqdm
-  bar = tqdm.tqdm(total=len(texts) - resumed, desc=method.name, unit="prompt", file=sys.stderr,
-                  disable=len(batches) <= 1)
-  n_tokens, decode_seconds, compile_seconds = 0, 0.0, 0.0
-  alone_tokens, alone_decode, alone_compile = 0, 0.0, 0.0
+  prompts, lengths, ids, unknown = arrays
+  drafter, verifier, vocab = models
+  bar = tqdm.tqdm(total=sum(min(len(rows), len(texts) - rows[0]) for rows in batches), desc=method.name,
+                  unit="prompt", file=sys.stderr, disable=len(batches) <= 1)
+  tally, alone = Tally(), Tally()
   for rows in batches:
     try:
       out, seconds, compiling = _decode(drafter, verifier, prompts[rows], lengths[rows], ids[rows],
                                         method=method.name, params=params, settings=settings)
     except FloatingPointError as e:   # NaN logits: the finished prompts are kept all the same
-      raise FloatingPointError(f"{e} ({kept()})" if output is not None and output.kept() else str(e)) from None
+      raise FloatingPointError(f"{e} ({kept_message(output, len(records), len(texts))})"
+                               if output is not None and output.kept() else str(e)) from None
     if args.compare:   # the batch again by the verifier alone, right after (`bench.interleaved`'s protocol)
-      alone, alone_seconds, alone_compiling = _decode(None, verifier, prompts[rows], lengths[rows], ids[rows],
-                                                      method="autoregressive", params={}, settings=settings)
-      alone_tokens += int(np.sum(alone.lengths[:len(texts) - rows[0]]))
-      alone_decode += alone_seconds
-      alone_compile += alone_compiling
-    finished = [{"prompt": texts[row], "text": vocab.decode(out.tokens[i, :out.lengths[i]].tolist()),
-                 "tokens": out.tokens[i, :out.lengths[i]].tolist(), "new_tokens": int(out.lengths[i]),
-                 "seconds": seconds, "batch": int(rows[0]),
-                 "counters": {name: int(getattr(out.stats, name)[i]) for name in decoding.common.STAT_NAMES},
-                 "unknown_characters": unknown[row], "run": run}
-                for i, row in enumerate(rows[:len(texts) - rows[0]])]   # the padding rows repeat the last
+      alone_out, alone_seconds, alone_compiling = _decode(None, verifier, prompts[rows], lengths[rows], ids[rows],
+                                                          method="autoregressive", params={}, settings=settings)
+      alone.add(int(np.sum(alone_out.lengths[:len(texts) - rows[0]])), alone_seconds, alone_compiling)
+    finished = batch_records(out, rows, texts, vocab, seconds, unknown, run)
     if output is not None:
       output.append(finished)
     records += finished
     bar.clear()
     for record in finished:
       _print_record(record)
-    n_tokens += sum(record["new_tokens"] for record in finished)
-    decode_seconds += seconds
-    compile_seconds += compiling
+    tally.add(sum(record["new_tokens"] for record in finished), seconds, compiling)
     bar.update(len(finished))
-    bar.set_postfix_str(f"{n_tokens / max(decode_seconds, 1e-9):.1f} tokens/s")
+    bar.set_postfix_str(f"{tally.tokens / max(tally.decode_seconds, 1e-9):.1f} tokens/s")
   bar.close()
-  if output is not None:
-    done = f"all {len(texts)} prompts are in {output.path}"
-    cli.on_interrupt(lambda: f"{done} (or, if the rename was cut short, in {output.partial}; rerun to finish)")
-    output.finish()
-    cli.on_interrupt(lambda: done)
+  return tally, alone
 
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+  """Decodes the prompts; returns one record per prompt (what --output writes)."""
+  # Everything the arguments alone decide is checked before JAX is imported (a fraction of a second).
+  args = _parser().parse_args(argv)
+  given = _given_params(args)
+  registry.check_params(args.method, given)
+  texts = _read_prompts(args)
+  _check_options(args)
+  verifier_directory = _model_directory(args.verifier, "verifier")
+  drafter_directory, parts_directory = _drafter_directories(args)
+  output = StreamedOutput(args.output) if args.output else None
+
+  from specdec import decoding
+  method = decoding.methods.get(args.method)
+  params = _resolve_params(method, given)
+  cache_dir = _configure_cache(args)
+  cache_before = dict(_cache_counts)
+  vocab, verifier, drafter = _load_models(args, method, verifier_directory, drafter_directory, parts_directory)
+  settings, run = _settings_and_run(args, method, params, vocab, drafter)
+  prompts, lengths, unknown = _prompt_arrays(args, texts, vocab, verifier, drafter, method, params,
+                                             settings["max_new_tokens"])
+  records = output.resume(texts, run) if output else []
+  resumed = len(records)
+  if resumed:
+    print(f"{PROG}: resuming: {resumed} of {len(texts)} prompts are already in {output.partial}", file=sys.stderr)
+  batches = [resumed + rows for rows in batch_rows(len(texts) - resumed, args.batch_size)]
+  cli.on_interrupt(lambda: kept_message(output, len(records), len(texts)))
+  tally, alone = _decode_batches(args, texts, batches, (prompts, lengths, row_ids(texts), unknown),
+                                 (drafter, verifier, vocab), method, params, settings, run, output, records)
+  if output is not None:
+    finish_output(output, len(texts))
   cached = {name: _cache_counts[name] - cache_before[name] for name in _cache_counts}
   cache = "" if args.no_cache else f" ({cached['hits']} of {cached['requests']} programs from the cache {cache_dir})"
-  print(f"{method.name}: {len(texts)} prompt{'s' * (len(texts) > 1)}{f' ({resumed} resumed)' if resumed else ''}, "
-        f"{n_tokens} new tokens; compile {compile_seconds:.1f} s{cache}, decode {decode_seconds:.2f} s: "
-        f"{n_tokens / max(decode_seconds, 1e-9):.1f} tokens/s, {1000 * decode_seconds / max(n_tokens, 1):.1f} ms/token",
-        flush=True)
-  if args.compare:
-    print(f"verifier alone: {alone_tokens} new tokens; compile {alone_compile:.1f} s, decode {alone_decode:.2f} s: "
-          f"{alone_tokens / max(alone_decode, 1e-9):.1f} tokens/s; speed-up of {method.name} (ms/token, decode only): "
-          f"{(alone_decode / max(alone_tokens, 1)) / max(decode_seconds / max(n_tokens, 1), 1e-9):.2f}x", flush=True)
+  print_summary(method.name, len(texts), resumed, tally, cache, alone if args.compare else None)
   return records
 
 

@@ -164,10 +164,17 @@ def trained_pairs(args: argparse.Namespace, record: dict[str, Any]) -> None:
   verifier = load_model(args.verifier)
   drafters = _drafters(args, verifier)
   prompts, lengths, max_new, eos_id, described = _prompt_set(args)
-  rows = np.arange(len(lengths))
   print(f"{described} (mean length {lengths.mean():.0f}), batch {args.batch}, up to {max_new} new tokens, eos "
         f"stops; verifier {export_name(args.verifier)} ({models.count_params(verifier):,} params)")
-  prefix = int(lengths.mean())
+  measured = _print_costs(args, verifier, drafters, int(lengths.mean()), max_new)
+  for temperature in args.temperatures:
+    _trained_temperature(args, record, temperature, verifier, drafters, (prompts, lengths, max_new, eos_id), measured)
+
+
+def _print_costs(args: argparse.Namespace, verifier, drafters: dict, prefix: int, max_new: int
+                 ) -> tuple[float, dict[int, dict[int, float]], dict[int, float]]:
+  """Prints the verifier's, each drafter's and Max-Gram's costs; (the seconds of one verifier scored token,
+  {id(drafter model): {n: cost of scoring n tokens, in verifier steps}}, Max-Gram's {B: seconds})."""
   verifier_costs = _score_seconds(verifier, sorted({1, *(g + 1 for g in args.gamma)}), prefix, 50)
   t1 = verifier_costs[1]
   print(f"verifier: one scored token {t1 * 1e3:.2f} ms")
@@ -194,87 +201,113 @@ def trained_pairs(args: argparse.Namespace, record: dict[str, Any]) -> None:
   for gamma in args.gamma:
     c_gamma = verifier_costs[gamma + 1] / t1
     print(f"gamma={gamma}: the verifier scores gamma+1 tokens at {c_gamma:.2f}x one token")
-  for temperature in args.temperatures:
-    runs = [("verifier alone", None, "autoregressive", 1, {})] + [
-        (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma, {})
-        for gamma in args.gamma for name, (factory, *_) in drafters.items()] + [
-        (f"{name} tree K={k} gamma={gamma}", factory(gamma), "dynamic_tree", gamma, {"num_drafts": k})
-        for k in args.trees for gamma in args.gamma for name, (factory, *_) in drafters.items()
-        if decoding.as_drafter(factory(gamma)).keeps_copies]   # Max-Gram, CSD, SpecDec++ heads cannot
+  return t1, costs, grams_cost
 
-    def decode(drafter, method, gamma, params, group, key):
-      # Prompts as a user passes them: the group's longest (rounded up to 32: few shapes to compile).
-      width = tasks.bucket_width(lengths[group].max())
-      return decoding.generate(key, drafter, verifier, prompts[group, :width], lengths[group],
-                               method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
-                               eos_id=eos_id, **params)
 
-    def decode_inner(model, k):
-      """Per-token acceptance of Max-Gram drafts (k per block) under `model` alone, over the prompts."""
-      drafter = drafters["maxgram"].factory(k) if "maxgram" in drafters else decoding.MaxGram(model.vocab_size)
-      generated = calls = 0
-      for row in range(len(rows)):
-        width = tasks.bucket_width(lengths[row])
-        out = decoding.generate(jax.random.PRNGKey(row), drafter, model, prompts[row:row + 1, :width],
-                                lengths[row:row + 1], method="speculative", gamma=k, temperature=temperature,
-                                max_new_tokens=max_new, eos_id=eos_id)
-        generated, calls = generated + int(out.stats.generated[0]), calls + int(out.stats.verifier_calls[0])
-      return _acceptance_for(generated / max(calls, 1), k)
+def _runs(args: argparse.Namespace, drafters: dict) -> list[tuple[str, Any, str, int, dict[str, Any]]]:
+  """(label, drafter, method, γ, parameters) of each run: the verifier alone, each drafter's chain per γ and
+  its dynamic tree per K and γ (where its drafter keeps copies)."""
+  return [("verifier alone", None, "autoregressive", 1, {})] + [
+      (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma, {})
+      for gamma in args.gamma for name, (factory, *_) in drafters.items()] + [
+      (f"{name} tree K={k} gamma={gamma}", factory(gamma), "dynamic_tree", gamma, {"num_drafts": k})
+      for k in args.trees for gamma in args.gamma for name, (factory, *_) in drafters.items()
+      if decoding.as_drafter(factory(gamma)).keeps_copies]   # Max-Gram, CSD, SpecDec++ heads cannot
 
-    groups = [np.arange(start, min(start + args.batch, len(rows))) for start in range(0, len(rows), args.batch)]
-    totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls",
-                             "verifier_positions", "blocks"), 0) for _ in runs]
 
-    def count(i: int, _, out: decoding.Output) -> None:
-      for stat in totals[i]:
-        if stat != "blocks":
-          totals[i][stat] += int(np.sum(getattr(out.stats, stat)))
-      totals[i]["blocks"] += int(np.max(out.stats.verifier_calls))   # the batch's calls: its slowest row's
+def _trained_temperature(args: argparse.Namespace, record: dict[str, Any], temperature: float, verifier,
+                         drafters: dict, data: tuple, measured: tuple) -> None:
+  """Every run at one temperature, timed interleaved; prints (and records) a line per run, then CSD's EWIF."""
+  prompts, lengths, max_new, eos_id = data
+  t1, costs, grams_cost = measured
+  runs = _runs(args, drafters)
 
-    timed = [lambda number, trial, run=run: decode(*run[1:], groups[number], jax.random.PRNGKey(
-        trial * len(groups) + number)) for run in runs]
-    # Untimed first: one group of each width and size (one compiled program each).
-    shapes = {(tasks.bucket_width(lengths[group].max()), len(group)): number for number, group in enumerate(groups)}
-    seconds = bench.interleaved(timed, range(len(groups)), trials=args.trials, warmup=sorted(shapes.values()),
-                                on_output=count).sum(axis=1)
-    per_token = [seconds[i] / max(totals[i]["generated"], 1) for i in range(len(runs))]
-    print(f"temperature {temperature}: {args.trials} trial(s) x {len(rows)} examples, batch {args.batch}")
-    for i, (label, _, method, _, _) in enumerate(runs):
-      t = totals[i]
-      line = f"  {label:<32} {per_token[i] * 1e3:6.2f} ms/token"
-      if method == "dynamic_tree":   # K beams of γ: the chain's acceptance formulas do not apply
-        line += (f" | {t['generated'] / max(t['verifier_calls'], 1):.2f} tokens/verifier call, "
-                 f"{t['verifier_positions'] / max(t['verifier_calls'], 1):.1f} positions scored/call, "
-                 f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block | "
-                 f"speed-up {per_token[0] / per_token[i]:.2f}x")
-      if method == "speculative":
-        gamma = runs[i][3]
-        # Mean wall-clock of a block of the whole batch, prefills included.
-        block = seconds[i] / max(t["blocks"], 1)
-        tokens_per_call = t["generated"] / max(t["verifier_calls"], 1)
-        line += (f" | accepted/drafted {t['accepted'] / max(t['drafted'], 1):.3f}, per-token acceptance "
-                 f"{_acceptance_for(tokens_per_call, gamma):.2f} | {tokens_per_call:.2f} tokens/verifier call, "
-                 f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block, discard rate "
-                 f"{(t['drafted'] - t['accepted']) / max(t['generated'], 1):.3f}, verification rate "
-                 f"{t['verifier_calls'] / max(t['generated'], 1):.3f} | "
-                 f"speed-up {per_token[0] / per_token[i]:.2f}x | {block * 1e3:.2f} ms/block: at most "
-                 f"{(gamma + 1) * args.batch * per_token[0] / block:.2f}x if every draft were accepted, 1.5x needs "
-                 f"acceptance {_acceptance_for(1.5 * block / (args.batch * per_token[0]), gamma):.2f}")
-      print(line, flush=True)
-      record["rows"].append({"temperature": temperature, "run": label, "method": method, "gamma": runs[i][3],
-                             "ms_per_token": 1e3 * per_token[i], "speedup": per_token[0] / per_token[i],
-                             **{f"total_{stat}": value for stat, value in t.items()}})
-    if args.rates_plot:
-      _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token,
-                  f"{args.task or args.prompts}, T = {temperature:g}")
-    alphas = {runs[i][0]: _acceptance_for(totals[i]["generated"] / max(totals[i]["verifier_calls"], 1), runs[i][3])
-              for i in range(1, len(runs))}
-    for i in range(1, len(runs)):
-      if runs[i][2] != "speculative":
-        continue
-      name, gamma = runs[i][0].rsplit(" gamma=", 1)
-      ewif = _ewif(name, int(gamma), alphas, drafters, costs, grams_cost[1] / t1, totals[i], temperature, decode_inner)
-      print(f"  {runs[i][0]:<32} EWIF (CS Drafting) {ewif}")
+  def decode(drafter, method, gamma, params, group, key):
+    # Prompts as a user passes them: the group's longest (rounded up to 32: few shapes to compile).
+    width = tasks.bucket_width(lengths[group].max())
+    return decoding.generate(key, drafter, verifier, prompts[group, :width], lengths[group],
+                             method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
+                             eos_id=eos_id, **params)
+
+  def decode_inner(model, k):
+    """Per-token acceptance of Max-Gram drafts (k per block) under `model` alone, over the prompts."""
+    drafter = drafters["maxgram"].factory(k) if "maxgram" in drafters else decoding.MaxGram(model.vocab_size)
+    generated = calls = 0
+    for row in range(len(lengths)):
+      width = tasks.bucket_width(lengths[row])
+      out = decoding.generate(jax.random.PRNGKey(row), drafter, model, prompts[row:row + 1, :width],
+                              lengths[row:row + 1], method="speculative", gamma=k, temperature=temperature,
+                              max_new_tokens=max_new, eos_id=eos_id)
+      generated, calls = generated + int(out.stats.generated[0]), calls + int(out.stats.verifier_calls[0])
+    return _acceptance_for(generated / max(calls, 1), k)
+
+  seconds, totals = _time_runs(args, runs, decode, lengths)
+  per_token = [seconds[i] / max(totals[i]["generated"], 1) for i in range(len(runs))]
+  print(f"temperature {temperature}: {args.trials} trial(s) x {len(lengths)} examples, batch {args.batch}")
+  for i, (label, _, method, gamma, _) in enumerate(runs):
+    print(_run_line(args, runs[i], totals[i], seconds[i], per_token[i], per_token[0]), flush=True)
+    record["rows"].append({"temperature": temperature, "run": label, "method": method, "gamma": gamma,
+                           "ms_per_token": 1e3 * per_token[i], "speedup": per_token[0] / per_token[i],
+                           **{f"total_{stat}": value for stat, value in totals[i].items()}})
+  if args.rates_plot:
+    _plot_rates(f"{args.rates_plot}.T{temperature:g}.png", runs, totals, per_token,
+                f"{args.task or args.prompts}, T = {temperature:g}")
+  alphas = {runs[i][0]: _acceptance_for(totals[i]["generated"] / max(totals[i]["verifier_calls"], 1), runs[i][3])
+            for i in range(1, len(runs))}
+  for i in range(1, len(runs)):
+    if runs[i][2] != "speculative":
+      continue
+    name, gamma = runs[i][0].rsplit(" gamma=", 1)
+    ewif = _ewif(name, int(gamma), alphas, drafters, costs, grams_cost[1] / t1, totals[i], temperature, decode_inner)
+    print(f"  {runs[i][0]:<32} EWIF (CS Drafting) {ewif}")
+
+
+def _time_runs(args: argparse.Namespace, runs: list, decode: Callable, lengths: np.ndarray
+               ) -> tuple[np.ndarray, list[dict[str, int]]]:
+  """Each run over the prompts in `--batch` groups, interleaved group by group (`bench.interleaved`): its
+  seconds summed over the groups, and its counters' totals (`blocks`: the batches' verifier calls)."""
+  groups = [np.arange(start, min(start + args.batch, len(lengths))) for start in range(0, len(lengths), args.batch)]
+  totals = [dict.fromkeys(("generated", "drafted", "accepted", "verifier_calls", "drafter_calls",
+                           "verifier_positions", "blocks"), 0) for _ in runs]
+
+  def count(i: int, _, out: decoding.Output) -> None:
+    for stat in totals[i]:
+      if stat != "blocks":
+        totals[i][stat] += int(np.sum(getattr(out.stats, stat)))
+    totals[i]["blocks"] += int(np.max(out.stats.verifier_calls))   # the batch's calls: its slowest row's
+
+  timed = [lambda number, trial, run=run: decode(*run[1:], groups[number], jax.random.PRNGKey(
+      trial * len(groups) + number)) for run in runs]
+  # Untimed first: one group of each width and size (one compiled program each).
+  shapes = {(tasks.bucket_width(lengths[group].max()), len(group)): number for number, group in enumerate(groups)}
+  seconds = bench.interleaved(timed, range(len(groups)), trials=args.trials, warmup=sorted(shapes.values()),
+                              on_output=count).sum(axis=1)
+  return seconds, totals
+
+
+def _run_line(args: argparse.Namespace, run: tuple, t: dict[str, int], seconds: float, per_token: float,
+              alone_per_token: float) -> str:
+  """A run's printed line: ms/token and, for a chain or a tree, its acceptance, rates and speed-up."""
+  label, _, method, gamma, _ = run
+  line = f"  {label:<32} {per_token * 1e3:6.2f} ms/token"
+  if method == "dynamic_tree":   # K beams of γ: the chain's acceptance formulas do not apply
+    line += (f" | {t['generated'] / max(t['verifier_calls'], 1):.2f} tokens/verifier call, "
+             f"{t['verifier_positions'] / max(t['verifier_calls'], 1):.1f} positions scored/call, "
+             f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block | "
+             f"speed-up {alone_per_token / per_token:.2f}x")
+  if method == "speculative":
+    # Mean wall-clock of a block of the whole batch, prefills included.
+    block = seconds / max(t["blocks"], 1)
+    tokens_per_call = t["generated"] / max(t["verifier_calls"], 1)
+    line += (f" | accepted/drafted {t['accepted'] / max(t['drafted'], 1):.3f}, per-token acceptance "
+             f"{_acceptance_for(tokens_per_call, gamma):.2f} | {tokens_per_call:.2f} tokens/verifier call, "
+             f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block, discard rate "
+             f"{(t['drafted'] - t['accepted']) / max(t['generated'], 1):.3f}, verification rate "
+             f"{t['verifier_calls'] / max(t['generated'], 1):.3f} | "
+             f"speed-up {alone_per_token / per_token:.2f}x | {block * 1e3:.2f} ms/block: at most "
+             f"{(gamma + 1) * args.batch * alone_per_token / block:.2f}x if every draft were accepted, 1.5x needs "
+             f"acceptance {_acceptance_for(1.5 * block / (args.batch * alone_per_token), gamma):.2f}")
+  return line
 
 
 def _plot_rates(path: str, runs: list, totals: list, per_token: list, title: str) -> None:
