@@ -134,8 +134,10 @@ def test_greedy_speculative_decoding_over_smollm2_is_its_greedy_decoding(ours, v
                           method=method, gamma=3, **params, **kw)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert "Paris" in vocab.decode(np.asarray(want.tokens[0]))
-  if kind == "shipped_head" and method == "speculative":   # trained: a random head has almost none accepted
-    assert int(got.stats.accepted[0]) >= 0.2 * int(got.stats.drafted[0])
+  if kind == "shipped_head" and method == "speculative":   # trained: more of its drafts accepted than a random head's
+    untrained = decoding.generate(jax.random.PRNGKey(0), _drafter(ours, "feature"), ours, jnp.asarray([prompt]),
+                                  method=method, gamma=3, **kw)
+    assert int(got.stats.accepted[0]) > int(untrained.stats.accepted[0])
 
 
 def test_an_f16_export_with_the_files_tokenizer_is_read_back(ours, vocab, path, tmp_path):
