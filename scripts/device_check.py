@@ -1,12 +1,18 @@
-"""`make device-check`: the accelerator tests, then `specdec-bench backend --quick`, in one short run.
+"""`make device-check`: SmolLM2's speed table with its shipped head, the accelerator tests, then `specdec-bench
+backend --quick`, in one short run.
 
-  python scripts/device_check.py [--tests-only | --bench-only]
+  python scripts/device_check.py [--steps smollm2 tests bench] [--smollm2_out PREFIX]
 
-Built for short GPU windows: it refuses to start without an accelerator (one line, exit 1), runs `make
-test-device`'s tests (tests/core, the decoding laws, the models) on it, then the quick benchmark, which
-writes experiments/backend_<backend>/results.{json,md}. Both steps share the persistent compilation cache in
-.cache/jax, so a second run compiles almost nothing. Each step prints its elapsed time; the exit status is
-the first failing step's.
+Built for short GPU windows: it refuses to start without an accelerator (one line, exit 1), then runs
+- smollm2: where SmolLM2's GGUF file is cached (`make smollm2`; $SPECDEC_CACHE), the speed table of
+  experiments/smollm2_eagle on this backend — `specdec-bench decoding` over the held-out chat prompts with the
+  shipped head `smollm2_eagle`: SmolLM2 alone, the chain at γ = 2…5 and EAGLE-2's dynamic tree (K = 4), greedy
+  and T = 1 at batch 1, greedy at batch 8 — into PREFIX_b1.{json,md} and PREFIX_b8.{json,md} (default
+  experiments/smollm2_eagle/speed_<backend>); skipped, saying so, where the file is not cached;
+- tests: `make test-device`'s tests (tests/core, the decoding laws, the models);
+- bench: the quick benchmark, which writes experiments/backend_<backend>/results.{json,md}.
+All steps share the persistent compilation cache in .cache/jax, so a second run compiles almost nothing. Each
+step prints its elapsed time; the exit status is the first failing step's.
 
 Compilation is most of a fresh machine's time (XLA:GPU takes 1–4.5 s per program): on one H100 with an
 empty cache the tests in one process had passed 349 of about 400 after 330 s. Where pytest-xdist is
@@ -30,6 +36,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICE_TESTS = ("tests/core", "tests/decoding/test_decoding_laws.py", "tests/models")
 CACHE = os.path.join(ROOT, ".cache", "jax")
+STEPS = ("smollm2", "tests", "bench")
+SMOLLM2_PROMPTS = os.path.join(ROOT, "experiments", "smollm2_eagle", "heldout_prompts.txt")
+# (suffix, `specdec-bench decoding` arguments): the CPU's table of experiments/smollm2_eagle on this backend.
+SMOLLM2_RUNS = (
+    ("b1", ["--gamma", "2", "3", "4", "5", "--trees", "4", "--temperatures", "0", "1", "--batch", "1"]),
+    ("b8", ["--gamma", "2", "3", "--temperatures", "0", "--batch", "8"]),
+)
 
 
 def backend(env: dict) -> str:
@@ -39,11 +52,25 @@ def backend(env: dict) -> str:
   return found.stdout.strip() if found.returncode == 0 else ""
 
 
+def smollm2_commands(env: dict, prefix: str) -> list[tuple[str, list[str]]]:
+  """The smollm2 step's (name, command) pairs; none, saying why, where SmolLM2's file is not cached."""
+  found = subprocess.run([sys.executable, "-c", "from specdec.data import pretrained; "
+                          "print(pretrained.cached_path('smollm2').is_file())"], env=env, capture_output=True, text=True)
+  if found.stdout.strip() != "True":
+    print("device-check: smollm2 skipped: SmolLM2's GGUF file is not cached here (`make smollm2`, or $SPECDEC_CACHE)",
+          flush=True)
+    return []
+  return [(f"smollm2 {suffix}", [sys.executable, "-m", "specdec.cli.bench", "decoding", "--verifier", "smollm2",
+                                 "--prompts", SMOLLM2_PROMPTS, "--drafter", "feature:smollm2_eagle", "--tokens", "128",
+                                 *arguments, "--out", f"{prefix}_{suffix}"])
+          for suffix, arguments in SMOLLM2_RUNS]
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  step = parser.add_mutually_exclusive_group()
-  step.add_argument("--tests-only", action="store_true")
-  step.add_argument("--bench-only", action="store_true")
+  parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), help="the steps to run, in this order")
+  parser.add_argument("--smollm2_out", help="the smollm2 step's records: PREFIX_b1.{json,md}, PREFIX_b8.{json,md} "
+                      "(default experiments/smollm2_eagle/speed_<backend>)")
   parser.add_argument("--workers", type=int, default=min(4, max(1, (os.cpu_count() or 1) // 4)),
                       help="test processes where pytest-xdist is installed (1: one process)")
   args = parser.parse_args()
@@ -57,15 +84,19 @@ def main() -> int:
     return 1
   start = time.monotonic()
   steps = []
-  if not args.bench_only:
-    parallel, test_env = [], env
-    if args.workers > 1 and importlib.util.find_spec("xdist") is not None:
-      parallel, test_env = ["-n", str(args.workers)], {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    steps.append(("tests", [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *parallel,
-                            *DEVICE_TESTS], test_env))
-  if not args.tests_only:
-    steps.append(("bench", [sys.executable, "-m", "specdec.cli.bench", "backend", "--quick", "--cache_dir", CACHE],
-                  env))
+  for step in args.steps:
+    if step == "smollm2":
+      prefix = args.smollm2_out or os.path.join(ROOT, "experiments", "smollm2_eagle", f"speed_{found}")
+      steps += [(name, command, env) for name, command in smollm2_commands(env, prefix)]
+    elif step == "tests":
+      parallel, test_env = [], env
+      if args.workers > 1 and importlib.util.find_spec("xdist") is not None:
+        parallel, test_env = ["-n", str(args.workers)], {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+      steps.append(("tests", [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *parallel,
+                              *DEVICE_TESTS], test_env))
+    else:
+      steps.append(("bench", [sys.executable, "-m", "specdec.cli.bench", "backend", "--quick", "--cache_dir",
+                              CACHE], env))
   status = 0
   for name, command, step_env in steps:
     began = time.monotonic()
