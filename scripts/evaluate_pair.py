@@ -63,7 +63,7 @@ def _greedy_metric(model, task: tasks.Task, rows: tasks.Tokenized, vocab, batch_
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", nargs="+", required=True, help="exported model directories")
-  parser.add_argument("--tasks", nargs="+", default=list(tasks.TASKS))
+  parser.add_argument("--tasks", nargs="+", default=list(tasks.SHIPPED_VOCABULARY_TASKS))
   parser.add_argument("--split", default="validation")
   parser.add_argument("--source", default="auto", help="as debian.load: auto, apt, sample or a directory")
   parser.add_argument("--limit", type=int, default=None, help="greedy-decode only the first N examples")

@@ -102,7 +102,7 @@ def main(argv=None) -> None:
   vocab = load_vocabulary(path)
   with open(args.prompts) as f:
     texts = [line.strip() for line in f if line.strip()]
-  prompts = [vocab.prompt_start + vocab.encode(vocab.format_chat([{"role": "user", "content": t}])) for t in texts]
+  prompts = [vocab.chat_prompt(t) for t in texts]
   verifier = load_model(path)
   drafter = exports.load_drafter(pretrained.resolve(args.drafter), verifier)
   n, eos = args.max_new_tokens, vocab.eos_id

@@ -176,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--verifier", default=None, help="the verifier's model preset (e.g. gemma2_9b, t5_large)")
   parser.add_argument("--drafter", default=None, help="the drafter's model preset (e.g. gemma2_2b, t5_small), or "
                       "'feature': a feature drafter (EAGLE) whose one-layer head is as wide as the verifier")
+  parser.add_argument("--draft_vocabulary", type=int, default=0, help="with --drafter feature: the k token ids its head "
+                      "drafts among (FR-Spec; the shipped smollm2_eagle's: 8192); 0: the whole vocabulary (default)")
   parser.add_argument("--vocab_size", type=int, default=None,
                       help="the models' vocabulary size (required without --gin_file)")
   parser.add_argument("--method", default="speculative", help="the decoding method (default speculative)")
@@ -216,12 +218,14 @@ def _settings(args: argparse.Namespace, params: dict[str, Any]) -> list[Any]:
     return [planning.Setting(verifier=args.verifier, drafter=args.drafter, vocab_size=args.vocab_size,
                              method=args.method, params=tuple(sorted(params.items())), batch_size=args.batch_size,
                              prompt_width=args.prompt_width, max_new_tokens=args.max_new_tokens,
-                             dtype=args.dtype or "bfloat16", temperature=args.temperature)]
+                             dtype=args.dtype or "bfloat16", temperature=args.temperature,
+                             draft_vocabulary=args.draft_vocabulary)]
   from specdec.evaluation import grid
   with cli.quiet_gin_lookups():
     experiment = grid.parse_gin(args.gin_file, args.gin_bindings)
   return [setting for setting, _ in planning.sweep_settings(
-      experiment, verifier=args.verifier, drafter=args.drafter, vocab_size=args.vocab_size, dtype=args.dtype)]
+      experiment, verifier=args.verifier, drafter=args.drafter, vocab_size=args.vocab_size, dtype=args.dtype,
+      draft_vocabulary=args.draft_vocabulary)]
 
 
 def _plans(args: argparse.Namespace, settings: Sequence[Any], topology: Any, mesh: tuple[int, int],

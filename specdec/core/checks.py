@@ -88,3 +88,10 @@ def check_count(name: str, k: Any, lo: int, hi: float = math.inf) -> None:
   if not np.issubdtype(np.asarray(k).dtype, np.integer):
     raise ValueError(f"{name} must be an integer (array); got {k!r}")
   check_range(name, k, lo, hi)
+
+
+def check_registered(kind: str, name: str, registry: dict[str, Any]) -> Any:
+  """registry[name]; ValueError naming the registered names (a `kind`: rule, method) otherwise."""
+  if name not in registry:
+    raise ValueError(f"unknown {kind} {name!r}; choose one of {', '.join(registry)}")
+  return registry[name]

@@ -106,9 +106,7 @@ def register_rule(rule: Rule) -> Rule:
 
 def get_rule(name: str) -> Rule:
   """The registered rule `name` (ValueError naming the registered ones otherwise)."""
-  if name not in RULES:
-    raise ValueError(f"unknown rule {name!r}; choose one of {', '.join(RULES)}")
-  return RULES[name]
+  return checks.check_registered("rule", name, RULES)
 
 
 def check_rule(name: str) -> None:

@@ -156,6 +156,11 @@ class GGUFVocabulary:
     return _render(self.chat_template, messages=list(messages), add_generation_prompt=add_generation_prompt,
                    bos_token=self._token(self._bos), eos_token=self._token(self._eos))
 
+  def chat_prompt(self, text: str) -> list[int]:
+    """Ids of `text` as one user turn (`format_chat`), after BOS where the file asks for it: what the model reads
+    before its answer."""
+    return self.prompt_start + self.encode(self.format_chat([{"role": "user", "content": text}]))
+
   def _token(self, index: int | None) -> str:
     return "" if index is None else self._tokens[index]
 
@@ -168,7 +173,7 @@ def chat_batch(vocab: "GGUFVocabulary", texts: Sequence[str], width_step: int = 
   `width_step`: few compiled widths) and lengths [B]. ValueError for a vocabulary without a chat template."""
   if vocab.chat_template is None:
     raise ValueError(f"{vocab!r} has no chat template: an instruct model's GGUF file carries one")
-  ids = [vocab.prompt_start + vocab.encode(vocab.format_chat([{"role": "user", "content": text}])) for text in texts]
+  ids = [vocab.chat_prompt(text) for text in texts]
   width = -(-max(map(len, ids)) // width_step) * width_step
   prompts = np.zeros((len(ids), width), np.int32)
   for row, row_ids in enumerate(ids):

@@ -59,6 +59,7 @@ class Task:
   max_target_tokens: int = 0   # target budget, eos included (= max_new_tokens when decoding)
   lm_prompt_tokens: int = 0    # LM task: tokens of the text given as the decoding prompt
   stop: str = ""               # few-shot (`few_shot`): a response is cut where this text starts, then scored
+  chat: bool = False           # the prompt is "<prefix><input>" as one user turn of the vocabulary's chat template
 
   def inputs_and_targets(self, record: dict) -> tuple[str, str]:
     """T5-style (inputs, targets) strings of a record, e.g. ("summarize: <document>", "<synopsis>")."""
@@ -88,10 +89,21 @@ TASKS: dict[str, Task] = {
         name="debian_en_de", dataset="debian_en_de", metric="bleu", input_field="en", target_field="de",
         prefix="translate English to German: ", separator=" German:", max_input_tokens=128,
         max_target_tokens=128),
+    # debian_synopsis for an instruct model (SmolLM2's GGUF vocabulary): asked through its chat template, scored
+    # against the same synopsis. Budgets in the model's tokens: the template (≈ 30 tokens with SmolLM2's system
+    # turn) and the request are inside max_input_tokens; the synopsis has 32 tokens as for debian_synopsis.
+    "debian_synopsis_chat": Task(
+        name="debian_synopsis_chat", dataset="debian_synopsis", metric="rouge2", input_field="document",
+        target_field="summary", prefix="Write the one-line synopsis of this Debian package, as in the package "
+        "lists: a short noun phrase, no full stop.\n\n", chat=True, max_input_tokens=320, max_target_tokens=32),
     "debian_lm": Task(
         name="debian_lm", dataset="debian_lm", metric="log_likelihood", input_field=None, target_field="text",
         max_input_tokens=0, max_target_tokens=128, lm_prompt_tokens=8),
 }
+
+
+# The shipped vocabulary's tasks: the training mixture of the shipped pair (the chat tasks need a model's own).
+SHIPPED_VOCABULARY_TASKS = tuple(name for name, task in TASKS.items() if not task.chat)
 
 
 def get_task(name: str) -> Task:
@@ -109,6 +121,8 @@ def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decod
   + eos with `encoder_eos`, as seqio's tasks and so the T5 models fine-tuned on them have it). An LM task's
   prompt is its text's first tokens either way.
   """
+  if task.chat:
+    return _chat_example(task, vocab, record, encoder_decoder)
   start = [] if encoder_decoder else vocab.prompt_start
   if task.input_field is None:
     text = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
@@ -120,6 +134,22 @@ def encode_example(task: Task, vocab: Vocabulary, record: dict, *, encoder_decod
   inputs = vocab.encode(task.inputs_and_targets(record)[0])[:task.max_input_tokens - len(separator) - len(start)]
   targets = vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
   return start + inputs + separator, targets
+
+
+def _chat_example(task: Task, vocab: Vocabulary, record: dict, encoder_decoder: bool) -> tuple[list[int], list[int]]:
+  """`encode_example` of a chat task: "<prefix><input>" as one user turn of the vocabulary's chat template, the input's
+  end cut until the whole prompt fits `max_input_tokens`."""
+  if encoder_decoder or vocab.chat_template is None:
+    raise ValueError(f"task {task.name} asks an instruct model through its chat template: it needs a decoder-only "
+                     f"model and a vocabulary with a chat template (an instruct model's GGUF file); got {vocab!r}"
+                     + (" for an encoder-decoder" if encoder_decoder else ""))
+  document = vocab.encode(record[task.input_field])
+  keep = task.max_input_tokens - len(vocab.chat_prompt(task.prefix))
+  prompt = vocab.chat_prompt(task.prefix + vocab.decode(document[:keep]))
+  while len(prompt) > task.max_input_tokens:   # re-encoding the cut text can merge or split a token or two
+    keep -= len(prompt) - task.max_input_tokens
+    prompt = vocab.chat_prompt(task.prefix + vocab.decode(document[:max(keep, 0)]))
+  return prompt, vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
 
 
 def bucket_width(longest: int, bucket: int = 32) -> int:
@@ -245,7 +275,8 @@ def tokenize(task: Task, vocab: Vocabulary, records: Sequence[dict], *, encoder_
 
 
 def _fingerprint(task: Task, vocab: Vocabulary, records: Sequence[dict], encoder_decoder: bool) -> str:
-  digest = hashlib.sha256(json.dumps(dataclasses.asdict(task), sort_keys=True).encode())
+  fields = {name: value for name, value in dataclasses.asdict(task).items() if name != "chat" or value}
+  digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())   # the tasks before `chat` keep theirs
   if encoder_decoder:   # the decoder-only rows keep their earlier fingerprints
     digest.update(b"encoder_decoder")
   digest.update(hashlib.sha256(vocab.path.read_bytes()).digest())
@@ -316,8 +347,8 @@ def read_generated(directory: str | os.PathLike, task: str, split: str) -> Token
 
 
 def prefix_lm_batches(split: str, *, batch_size: int, seq_len: int, vocab_size: int, start: int = 0,
-                      tasks: Sequence[str] = tuple(TASKS), source: str = "auto", vocab_path: str | None = None,
-                      cache_dir: str | None = None, seed: int = 0, length_window: int = 0,
+                      tasks: Sequence[str] = SHIPPED_VOCABULARY_TASKS, source: str = "auto",
+                      vocab_path: str | None = None, cache_dir: str | None = None, seed: int = 0, length_window: int = 0,
                       generated: str | None = None) -> Iterator[dict[str, np.ndarray]]:
   """A `specdec.training.DataSource` of prefix-LM rows from a mixture of tasks.
 
@@ -428,9 +459,9 @@ def _fit(array: np.ndarray, width: int) -> np.ndarray:
 
 
 def _budget_report(source: str = "auto") -> None:
-  """Prints, per task, the share of training examples that fit the budgets untruncated."""
+  """Prints, per task of the shipped vocabulary, the share of training examples that fit the budgets untruncated."""
   vocab = load_vocabulary()
-  for task in TASKS.values():
+  for task in map(get_task, SHIPPED_VOCABULARY_TASKS):
     records = debian.load(task.dataset, "train", source=source)
     inputs, targets = [], []
     for record in records:

@@ -97,9 +97,10 @@ class FeatureDrafter(Drafter):
     table = None if ids is None else jnp.take(self.verifier.output_table(), ids, axis=0)
     return FeatureState(cache=self.head.init_cache(batch, cache_length, layout), feature=feature, table=table), last
 
-  def _logits(self, predicted: Array, table: Array | None) -> Array:
-    """Next-token logits [B, V] of predicted features [B, 1, E]: through the whole output layer, or through the
-    draft vocabulary's rows with every other token at the lowest float (module docstring)."""
+  def draft_logits(self, predicted: Array, table: Array | None) -> Array:
+    """Next-token logits [B, V] of predicted features [B, 1, E]: through the whole output layer (`table` None), or
+    through the draft vocabulary's rows `table` [k, E] (`FeatureState.table`, gathered once per decode) with every
+    other token at the lowest float (module docstring)."""
     if table is None:
       return self.verifier.output_logits(predicted)[:, 0]
     drafted = self.verifier.output_logits(predicted, table)[:, 0]                              # [B, k]
@@ -153,7 +154,7 @@ class FeatureDrafter(Drafter):
     def body(step, carry):
       cache, feature, token, tokens, q, q_raw, drafting, n_drafted, log_values = carry
       predicted, cache = self.head.score(cache, feature[:, None], self.verifier.token_embeddings(token[:, None]))
-      logits = self._logits(predicted, state.table)
+      logits = self.draft_logits(predicted, state.table)
       q_raw_j, q_j = sampling.distributions(logits)
       keep = drafting[:, None]
       q = q.at[:, step].set(jnp.where(keep, q_j, q[:, step]))

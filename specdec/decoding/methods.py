@@ -161,9 +161,8 @@ def register(method: Method) -> Method:
 
 
 def get(name: str) -> Method:
-  if name not in METHODS:
-    raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
-  return METHODS[name]
+  """The registered method `name` (ValueError naming the registered ones otherwise)."""
+  return checks.check_registered("method", name, METHODS)
 
 
 def describe(indent: int = 0, width: int = 112) -> str:

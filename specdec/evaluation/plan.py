@@ -122,8 +122,9 @@ def _calls(setting: Setting, drafter: Any, verifier: Any) -> list[tuple[str, str
             ("verifier_call", setting.verifier, verifier, drafts * setting.gamma + 1, False, batch),
             ("verifier_prefill", setting.verifier, verifier, setting.prompt_width, True, batch)]
   if setting.drafter == FEATURE:   # a head step drafting, and the head's re-read of a verified block
-    wanted += [("drafter_step", f"{FEATURE}:{setting.verifier}", drafter, 1, False, rows),
-               ("drafter_reread", f"{FEATURE}:{setting.verifier}", drafter, setting.gamma, False, rows)]
+    head = f"{FEATURE}:{setting.verifier}" + (f":k={setting.draft_vocabulary}" if setting.draft_vocabulary else "")
+    wanted += [("drafter_step", head, drafter, 1, False, rows),
+               ("drafter_reread", head, drafter, setting.gamma, False, rows)]
   elif drafter is not None:
     wanted += [("drafter_step", setting.drafter, drafter, 1, False, rows),
                ("drafter_prefill", setting.drafter, drafter, setting.prompt_width, True, rows)]
@@ -169,12 +170,14 @@ def smallest_fitting_mesh(setting: Setting, topo: Topology, *, cache: ProgramCac
 
 
 def sweep_settings(experiment: Any, *, verifier: str | None = None, drafter: str | None = None,
-                   vocab_size: int | None = None, dtype: str | None = None) -> list[tuple[Setting, int]]:
+                   vocab_size: int | None = None, dtype: str | None = None, draft_vocabulary: int = 0
+                   ) -> list[tuple[Setting, int]]:
   """The distinct decode programs of a sweep (`grid.Experiment`), from its config alone — no data, no
   weights: one per (model decoding, method, static parameters), since temperature, top-P and α are traced,
   each with how many grid points run it. Shapes: the batch, the prompt at the task's input budget
   (`max_prompt_tokens`, else the task's; the sweep pads to its longest prompt, at most this), the task's
-  target budget or `max_new_tokens`. Models: the presets given, else the sources' `ModelSource.preset`."""
+  target budget or `max_new_tokens`. Models: the presets given, else the sources' `ModelSource.preset`; a drafter
+  that is a feature head drafts among its saved draft vocabulary (read from its record), else `draft_vocabulary`."""
   from specdec.evaluation import grid
   task = grid.find_task(experiment.task, experiment.chat_template)
   width = experiment.max_prompt_tokens or task.max_input_tokens
@@ -183,12 +186,15 @@ def sweep_settings(experiment: Any, *, verifier: str | None = None, drafter: str
     raise ValueError(f"task {experiment.task!r} has no input or target budget: set Experiment.max_prompt_tokens "
                      "and max_new_tokens")
   from specdec.evaluation import sweep
+  from specdec.training import feature_head as feature_head_training
   presets = {}
   for role, given in (("verifier", verifier), ("drafter", drafter)):
     source = getattr(experiment, role)
     # A drafter that is a feature drafter's head (EAGLE) is planned as one over the verifier.
-    feature = role == "drafter" and sweep.feature_head_directory(source) is not None
-    presets[role] = given or (FEATURE if feature else source.preset)
+    head = sweep.feature_head_directory(source) if role == "drafter" else None
+    presets[role] = given or (FEATURE if head is not None else source.preset)
+    if head is not None and not draft_vocabulary:
+      draft_vocabulary = feature_head_training.saved_draft_vocabulary(head)
     if presets[role] is None:
       raise ValueError(f"the sweep's {role} is {source.path!r}, not a preset: name its architecture with "
                        f"--{role} (a models.build preset, e.g. t5_large, gemma2_9b)")
@@ -206,6 +212,7 @@ def sweep_settings(experiment: Any, *, verifier: str | None = None, drafter: str
                       drafter=None if alone else presets["drafter"], vocab_size=vocab_size, method=point.method,
                       params=static, batch_size=min(experiment.batch_size, experiment.n_examples),
                       prompt_width=width, max_new_tokens=new_tokens,
-                      dtype=dtype or experiment.verifier.dtype or "float32")
+                      dtype=dtype or experiment.verifier.dtype or "float32",
+                      draft_vocabulary=draft_vocabulary if presets["drafter"] == FEATURE and not alone else 0)
     counts[setting] = counts.get(setting, 0) + 1
   return list(counts.items())

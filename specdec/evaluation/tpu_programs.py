@@ -52,13 +52,17 @@ class Setting:
   temperature: float = 1.0
   top_p: float = 1.0
   eos_id: int | None = None
+  draft_vocabulary: int = 0   # a feature drafter's draft vocabulary (FR-Spec: k token ids); 0: the whole vocabulary
 
   @property
   def gamma(self) -> int:
     return int(dict(self.params).get("gamma", 1))
 
   def config(self) -> dict[str, Any]:
-    return dataclasses.asdict(self) | {"params": dict(self.params)}
+    config = dataclasses.asdict(self) | {"params": dict(self.params)}
+    if not self.draft_vocabulary:   # the settings before the field keep their cached programs
+      del config["draft_vocabulary"]
+    return config
 
 
 # Setting.drafter for EAGLE's feature drafter (`decoding.feature_drafter`): a one-layer head as wide as the
@@ -93,19 +97,36 @@ def abstract_pair(setting: Setting, target: Mesh | Any) -> tuple[Any, Any]:
     return partitioning.abstract_model(model, target)
   verifier = build(setting.verifier)
   if setting.drafter == FEATURE:
-    return abstract_feature_drafter(verifier, target, jnp.dtype(setting.dtype)), verifier
+    return abstract_feature_drafter(verifier, target, jnp.dtype(setting.dtype), setting.draft_vocabulary), verifier
+  if setting.draft_vocabulary:
+    raise ValueError(f"a draft vocabulary ({setting.draft_vocabulary} ids) is a feature drafter's: the drafter is "
+                     f"{setting.drafter!r}, not {FEATURE!r}")
   return (None if setting.drafter is None else build(setting.drafter)), verifier
 
 
-def abstract_feature_drafter(verifier: Any, target: Mesh | Any, dtype: Any) -> feature_drafter.FeatureDrafter:
-  """A feature drafter over an abstract verifier, its head (`FEATURE`) abstract on `target` too."""
+def abstract_feature_drafter(verifier: Any, target: Mesh | Any, dtype: Any, draft_vocabulary: int = 0
+                             ) -> feature_drafter.FeatureDrafter:
+  """A feature drafter over an abstract verifier, its head (`FEATURE`) abstract on `target` too, drafting among
+  `draft_vocabulary` token ids (0: all of them)."""
   feature_drafter.check_features(verifier)
+  if not 0 <= draft_vocabulary <= verifier.vocab_size:
+    raise ValueError(f"draft_vocabulary must lie in [0, {verifier.vocab_size}] (0: the whole vocabulary); got "
+                     f"{draft_vocabulary}")
   cfg = verifier.config
   config = feature_head.FeatureHeadConfig(embed_dim=verifier.hidden_size, vocab_size=verifier.vocab_size,
                                           num_heads=cfg.num_heads, hidden_dim=cfg.hidden_dim,
                                           max_len=verifier.max_length, dtype=dtype)
-  head = jax.eval_shape(lambda: feature_head.init_from_config(config, jax.random.PRNGKey(0)))
-  return feature_drafter.FeatureDrafter(partitioning.abstract_model(head, target), verifier)
+  head = partitioning.abstract_model(jax.eval_shape(lambda: feature_head.init_from_config(config, jax.random.PRNGKey(0))),
+                                     target)
+  if draft_vocabulary:   # which ids they are does not change the program: only how many
+    head = head.replace(draft_ids=jax.ShapeDtypeStruct((draft_vocabulary,), jnp.int32, sharding=_whole(target)))
+  return feature_drafter.FeatureDrafter(head, verifier)
+
+
+def _whole(target: Mesh | Any) -> jax.sharding.Sharding:
+  """A whole array on `target`: replicated over a mesh, on the one device otherwise."""
+  return (jax.sharding.NamedSharding(target, jax.sharding.PartitionSpec()) if isinstance(target, Mesh)
+          else jax.sharding.SingleDeviceSharding(target))
 
 
 def network_of(drafter: Any) -> Any:
@@ -236,19 +257,24 @@ def call_program(model: Any, target: Mesh | Any, *, batch_size: int, cache_lengt
 
 def feature_step_program(drafter: feature_drafter.FeatureDrafter, target: Mesh | Any, *, batch_size: int,
                          cache_length: int, n: int, logits: bool) -> Any:
-  """A feature drafter's head call lowered alone: n positions into its cache (donated), from features and
-  the verifier's embeddings of the tokens, and with `logits` its prediction read through the verifier's
-  output layer (a drafting step); without, the re-read of a verified block."""
+  """A feature drafter's head call lowered alone: n positions into its cache (donated), from features and the
+  verifier's embeddings of the tokens (gathered before the call: n rows, whatever the table's size), and with
+  `logits` its prediction read through the output layer's rows it drafts among (`FeatureDrafter.draft_logits`: all
+  V, or its draft vocabulary's k rows, gathered once per decode) — a drafting step; without, the re-read of a
+  verified block. Arguments count whole in the plan's bytes: these are the ones the call reads whole."""
+  width = drafter.head.config.embed_dim
   cache = abstract_cache(drafter.head, target, batch_size, cache_length)
-  features = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n, drafter.head.config.embed_dim),
-                                                              jnp.float32), target, batch_size)
-  tokens = partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n), jnp.int32), target, batch_size)
+  features, embeddings = (partitioning.abstract_batch(jax.ShapeDtypeStruct((batch_size, n, width), jnp.float32),
+                                                      target, batch_size) for _ in range(2))
+  ids = drafter.head.draft_ids
+  table = None if ids is None or not logits else jax.ShapeDtypeStruct(
+      (ids.shape[0], width), drafter.verifier.output_table().dtype, sharding=_whole(target))
 
-  def call(drafter, cache, features, tokens):
-    predicted, cache = drafter.head.score(cache, features, drafter.verifier.token_embeddings(tokens))
-    return (drafter.verifier.output_logits(predicted) if logits else predicted), cache
+  def call(drafter, cache, features, embeddings, table):
+    predicted, cache = drafter.head.score(cache, features, embeddings)
+    return (drafter.draft_logits(predicted, table) if logits else predicted), cache
   with _under(target):
-    return jax.jit(call, donate_argnums=1).lower(drafter, cache, features, tokens)
+    return jax.jit(call, donate_argnums=1).lower(drafter, cache, features, embeddings, table)
 
 
 def decode_program(setting: Setting, drafter: Any, verifier: Any) -> Any:

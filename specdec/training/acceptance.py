@@ -33,6 +33,7 @@ from specdec import sampling as sampling_lib
 from specdec.data import tasks
 from specdec.models import base
 from specdec.models.acceptance_head import AcceptanceHead, HeadConfig, init_head
+from specdec.training import checkpoint
 from specdec.training.train import TrainState, apply_gradients
 
 Array = jax.Array
@@ -218,13 +219,7 @@ def save_head(drafter_directory: str, head: AcceptanceHead, *, metadata: dict[st
 
 def load_head(drafter_directory: str) -> AcceptanceHead:
   """The head `save_head` wrote beside a drafter's export (FileNotFoundError naming the path if none)."""
-  path = os.path.join(os.path.abspath(drafter_directory), HEAD_DIRECTORY)
-  if not os.path.exists(os.path.join(path, _HEAD_JSON)):
-    raise FileNotFoundError(f"no acceptance head in {drafter_directory} (expected {path}/{_HEAD_JSON}; "
-                            "train one with scripts/train_acceptance_head.py)")
-  with open(os.path.join(path, _HEAD_JSON)) as f:
-    config = HeadConfig(**base.current_fields(json.load(f)["config"]))
-  abstract = jax.eval_shape(lambda key: init_head(config, key), jax.random.PRNGKey(0))
-  with ocp.StandardCheckpointer() as checkpointer:
-    params = checkpointer.restore(os.path.join(path, "params"), abstract.params)
-  return AcceptanceHead(params=jax.tree.map(jnp.asarray, params), config=config)
+  path, stored = checkpoint.read_head(drafter_directory, HEAD_DIRECTORY, _HEAD_JSON,
+                                      "train one with scripts/train_acceptance_head.py")
+  config = HeadConfig(**base.current_fields(stored["config"]))
+  return AcceptanceHead(params=checkpoint.restore_head_params(path, lambda key: init_head(config, key)), config=config)

@@ -201,6 +201,24 @@ def save_params(path: str, model: Model, *, preset: str | None = None) -> None:
     epath.Path(path, _MODEL_JSON).write_text(json.dumps(model_spec(model, preset), indent=2))
 
 
+def read_head(directory: str, subdirectory: str, record: str, hint: str) -> tuple[str, dict[str, Any]]:
+  """(path, stored record) of a head saved under `directory`/`subdirectory` with its JSON `record` (written last: it
+  marks a complete head); FileNotFoundError naming the expected path and `hint` (how to train one) if absent."""
+  path = os.path.join(os.path.abspath(directory), subdirectory)
+  if not os.path.isfile(os.path.join(path, record)):
+    raise FileNotFoundError(f"no {subdirectory.replace('_', ' ')} in {directory} (expected {path}/{record}; {hint})")
+  with open(os.path.join(path, record)) as f:
+    return path, json.load(f)
+
+
+def restore_head_params(path: str, init: Callable[[jax.Array], Any]) -> Any:
+  """The parameters saved in `path`/params, restored into the structure `init(key).params` has, as device arrays."""
+  abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
+  with ocp.StandardCheckpointer() as checkpointer:
+    params = checkpointer.restore(os.path.join(path, "params"), abstract.params)
+  return jax.tree.map(jnp.asarray, params)
+
+
 def export_name(path: str) -> str:
   """A model directory's name for tables and logs: the training run's (its parent) for a `scripts/train.py`
   `…/export` directory, else its own."""

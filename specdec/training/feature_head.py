@@ -212,19 +212,20 @@ def save_head(directory: str, head: FeatureHead, record: dict[str, Any] | None =
 
 def load_head(directory: str) -> FeatureHead:
   """The head `save_head` wrote under directory/feature_head/ (FileNotFoundError naming the path if none)."""
-  path = os.path.join(os.path.abspath(directory), HEAD_DIRECTORY)
-  if not os.path.isfile(os.path.join(path, HEAD_JSON)):
-    raise FileNotFoundError(f"no feature head in {directory} (expected {path}/{HEAD_JSON}; train one with "
-                            "specdec-train --gin_file=configs/train/debian_feature_head.gin)")
-  with open(os.path.join(path, HEAD_JSON)) as f:
-    stored = json.load(f)
+  path, stored = checkpoint.read_head(directory, HEAD_DIRECTORY, HEAD_JSON, "train one with "
+                                      "specdec-train --gin_file=configs/train/debian_feature_head.gin")
   config = base.current_fields(stored["config"])
   config = FeatureHeadConfig(**(config | {"dtype": jnp.dtype(config["dtype"])}))
-  abstract = jax.eval_shape(lambda key: init_from_config(config, key), jax.random.PRNGKey(0))
-  with ocp.StandardCheckpointer() as checkpointer:
-    params = checkpointer.restore(os.path.join(path, "params"), abstract.params)
-  head = FeatureHead(params=jax.tree.map(jnp.asarray, params), config=config)
+  head = FeatureHead(params=checkpoint.restore_head_params(path, lambda key: init_from_config(config, key)),
+                     config=config)
   return head.with_draft_vocabulary(stored.get("draft_ids"))
+
+
+def saved_draft_vocabulary(directory: str) -> int:
+  """How many token ids the head saved under directory/feature_head/ drafts among (0: the whole vocabulary), read
+  from its record alone (no weights)."""
+  _, stored = checkpoint.read_head(directory, HEAD_DIRECTORY, HEAD_JSON, "a feature head's export")
+  return len(stored.get("draft_ids") or ())
 
 
 def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,

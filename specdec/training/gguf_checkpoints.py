@@ -180,18 +180,13 @@ def save_gguf(model: decoder.Decoder, path: str | os.PathLike, *, dtype: str = "
   if name is not None:
     writer.add_name(name)
   writer.add_file_type(file_type)
-  writer.add_context_length(config.max_len)
-  writer.add_embedding_length(config.embed_dim)
-  writer.add_feed_forward_length(config.hidden_dim)
-  writer.add_block_count(config.num_layers)
-  writer.add_head_count(config.num_heads)
-  writer.add_head_count_kv(config.num_kv_heads)
-  writer.add_rope_dimension_count(config.head_dim)
-  writer.add_key_length(config.head_dim)
-  writer.add_value_length(config.head_dim)
-  writer.add_rope_freq_base(config.rope_theta)
-  writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-  writer.add_vocab_size(config.vocab_size)
+  for key, value in (("context_length", config.max_len), ("embedding_length", config.embed_dim),
+                     ("feed_forward_length", config.hidden_dim), ("block_count", config.num_layers),
+                     ("head_count", config.num_heads), ("head_count_kv", config.num_kv_heads),
+                     ("rope_dimension_count", config.head_dim), ("key_length", config.head_dim),
+                     ("value_length", config.head_dim), ("rope_freq_base", config.rope_theta),
+                     ("layer_norm_rms_eps", config.rms_norm_eps), ("vocab_size", config.vocab_size)):
+    getattr(writer, f"add_{key}")(value)   # the architecture's keys: llama.<key>
   from_hf = {hf: name for name, hf in _names(config.num_layers, GGUF_TO_HF).items()}
   for hf_name, array in hf_tensors(model).items():
     name = from_hf[hf_name]

@@ -55,6 +55,32 @@ def test_long_input_is_cut_before_the_separator_and_long_target_keeps_eos():
   assert len(target) == task.max_target_tokens and target[-1] == VOCAB.eos_id
 
 
+class _ChatVocabulary:
+  """The shipped vocabulary with a chat template of two markers (an instruct model's GGUF vocabulary's interface)."""
+  chat_template = "user: {content} assistant:"
+  eos_id, prompt_start = VOCAB.eos_id, [VOCAB.eos_id + 1]
+  encode, decode = staticmethod(VOCAB.encode), staticmethod(VOCAB.decode)
+
+  def chat_prompt(self, text):
+    return self.prompt_start + VOCAB.encode(f"user: {text} assistant:")
+
+
+@pytest.mark.parametrize("words", [3, 2000])
+def test_a_chat_task_asks_through_the_template_and_cuts_the_document_to_fit(words):
+  task = tasks.TASKS["debian_synopsis_chat"]
+  vocab = _ChatVocabulary()
+  record = {"package": "p", "document": "Parses the word " * words, "summary": "word parser"}
+  prompt, target = tasks.encode_example(task, vocab, record)
+  assert prompt[0] == vocab.prompt_start[0] and len(prompt) <= task.max_input_tokens
+  text = VOCAB.decode(prompt[1:])
+  assert text.startswith("user: " + task.prefix.split("\n")[0]) and text.endswith(" assistant:")
+  assert (len(prompt) >= task.max_input_tokens - 2) == (words > 100)   # cut only where it does not fit
+  assert target == VOCAB.encode("word parser") + [VOCAB.eos_id]
+  with pytest.raises(ValueError, match="debian_synopsis_chat asks an instruct model through its chat template"):
+    tasks.encode_example(task, VOCAB, record)
+  assert "debian_synopsis_chat" not in tasks.SHIPPED_VOCABULARY_TASKS and len(tasks.SHIPPED_VOCABULARY_TASKS) == 3
+
+
 def test_lm_task_prompt_is_the_first_tokens_and_training_rows_weight_the_whole_text():
   task = tasks.TASKS["debian_lm"]
   records = [{"package": "p", "text": "A library for parsing command line options in C programs."},
@@ -104,7 +130,7 @@ def test_prefix_lm_batches_are_a_resumable_pure_function_of_the_index():
     assert np.array_equal(got["inputs"], expected["inputs"]) and np.array_equal(got["weights"], expected["weights"])
   assert batches[0]["inputs"].shape == (16, 64) and batches[0]["inputs"].dtype == np.int32
   # Every example appears once per epoch: count rows over one epoch of a small pool.
-  pool = sum(len(tasks.tokenized(t, "validation", source="sample", training=True)) for t in tasks.TASKS)
+  pool = sum(len(tasks.tokenized(t, "validation", source="sample", training=True)) for t in tasks.SHIPPED_VOCABULARY_TASKS)
   seen = np.concatenate([b["inputs"] for b in
                          _take(tasks.prefix_lm_batches("validation", **{**kwargs, "batch_size": pool}), 1)])
   assert len({row.tobytes() for row in seen}) == len({row.tobytes() for row in _all_rows(64)})
@@ -133,7 +159,8 @@ def _take(iterator, n):
 
 
 def _all_rows(seq_len):
-  rows = [tasks.tokenized(t, "validation", source="sample", training=True).tokens for t in tasks.TASKS]
+  rows = [tasks.tokenized(t, "validation", source="sample", training=True).tokens
+          for t in tasks.SHIPPED_VOCABULARY_TASKS]
   return [row for part in rows for row in tasks._fit(part, seq_len)]
 
 

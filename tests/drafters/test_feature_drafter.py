@@ -339,3 +339,5 @@ def test_the_draft_vocabulary_is_the_most_frequent_tokens_and_the_kept_ones(tmp_
   loaded = training.load_head(str(tmp_path))
   np.testing.assert_array_equal(loaded.draft_ids, [1, 4, 9])
   jax.tree.map(np.testing.assert_array_equal, loaded.params, head.params)
+  with pytest.raises(FileNotFoundError, match=r"no feature head in .*nothing .*expected .*head.json; train one with"):
+    training.load_head(str(tmp_path / "nothing"))

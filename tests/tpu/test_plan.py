@@ -183,6 +183,24 @@ def test_a_feature_drafter_is_planned_with_its_head_step_and_reread(tmp_path):
                                           + calls["drafter_reread"]["roofline_us"])
 
 
+def test_a_feature_drafters_draft_vocabulary_is_planned_by_its_size(tmp_path):
+  """`--draft_vocabulary k` (FR-Spec): the head's step reads and scores k rows of the verifier's output layer, not
+  all V; its re-read of a verified block (no logits) is the same program either way."""
+  common = ["--topology", "v4-1chip", "--drafter", "feature", "--verifier", "tiny", "--vocab_size", "256", "--gamma",
+            "2", "--batch_size", "1", "--prompt_width", "16", "--max_new_tokens", "16", "--acceptance", "0.5",
+            "--cache_dir", str(tmp_path)]
+  whole, = plan_cli.main(common)["plans"]
+  drafts, = plan_cli.main(common + ["--draft_vocabulary", "32"])["plans"]
+  assert drafts["setting"]["draft_vocabulary"] == 32 and "draft_vocabulary" not in whole["setting"]
+  step, whole_step = drafts["calls"]["drafter_step"], whole["calls"]["drafter_step"]
+  assert step["flops"] < whole_step["flops"] and step["hbm_bytes"] < whole_step["hbm_bytes"]
+  assert drafts["calls"]["drafter_reread"]["hbm_bytes"] == whole["calls"]["drafter_reread"]["hbm_bytes"]
+  with pytest.raises(ValueError, match=r"draft_vocabulary must lie in \[0, 256\]"):
+    plan_cli.main(common + ["--draft_vocabulary", "257"])
+  with pytest.raises(ValueError, match="a draft vocabulary \\(8 ids\\) is a feature drafter's"):
+    plan_cli.main([*common[:2], "--drafter", "tiny", *common[4:], "--draft_vocabulary", "8"])
+
+
 def test_a_long_prompts_prefill_compiles_for_a_chip(lanes_preset, v4_8):
   """A 2,048-token prefill of a model whose heads the Pallas kernel reads: a grid step of all its queries (a
   2,048 × 2,064 visible mask) exceeds the chip's scoped VMEM, which made libtpu refuse GSM8K's prefills; the
