@@ -30,6 +30,9 @@ class CharVocabulary:
   def format_chat(self, messages):
     return "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + "<assistant>"
 
+  def chat_prompt(self, text):
+    return self.prompt_start + self.encode(self.format_chat([{"role": "user", "content": text}]))
+
 
 @pytest.fixture(scope="module")
 def verifier():
