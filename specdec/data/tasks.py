@@ -145,10 +145,13 @@ def _chat_example(task: Task, vocab: Vocabulary, record: dict, encoder_decoder: 
                      + (" for an encoder-decoder" if encoder_decoder else ""))
   document = vocab.encode(record[task.input_field])
   keep = task.max_input_tokens - len(vocab.chat_prompt(task.prefix))
+  if keep < 1:
+    raise ValueError(f"task {task.name}: its request through the chat template alone takes "
+                     f"{task.max_input_tokens - keep} tokens, more than max_input_tokens={task.max_input_tokens}")
   prompt = vocab.chat_prompt(task.prefix + vocab.decode(document[:keep]))
   while len(prompt) > task.max_input_tokens:   # re-encoding the cut text can merge or split a token or two
-    keep -= len(prompt) - task.max_input_tokens
-    prompt = vocab.chat_prompt(task.prefix + vocab.decode(document[:max(keep, 0)]))
+    keep = max(keep - (len(prompt) - task.max_input_tokens), 0)
+    prompt = vocab.chat_prompt(task.prefix + vocab.decode(document[:keep]))
   return prompt, vocab.encode(record[task.target_field])[:task.max_target_tokens - 1] + [vocab.eos_id]
 
 

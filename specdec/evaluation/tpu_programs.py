@@ -116,8 +116,8 @@ def abstract_feature_drafter(verifier: Any, target: Mesh | Any, dtype: Any, draf
   config = feature_head.FeatureHeadConfig(embed_dim=verifier.hidden_size, vocab_size=verifier.vocab_size,
                                           num_heads=cfg.num_heads, hidden_dim=cfg.hidden_dim,
                                           max_len=verifier.max_length, dtype=dtype)
-  head = partitioning.abstract_model(jax.eval_shape(lambda: feature_head.init_from_config(config, jax.random.PRNGKey(0))),
-                                     target)
+  head = jax.eval_shape(lambda: feature_head.init_from_config(config, jax.random.PRNGKey(0)))
+  head = partitioning.abstract_model(head, target)
   if draft_vocabulary:   # which ids they are does not change the program: only how many
     head = head.replace(draft_ids=jax.ShapeDtypeStruct((draft_vocabulary,), jnp.int32, sharding=_whole(target)))
   return feature_drafter.FeatureDrafter(head, verifier)

@@ -1,5 +1,7 @@
 """Local tasks as token rows: formats, budgets, loss weights, decoding prompts, the training data source."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,8 @@ def test_a_chat_task_asks_through_the_template_and_cuts_the_document_to_fit(word
   with pytest.raises(ValueError, match="debian_synopsis_chat asks an instruct model through its chat template"):
     tasks.encode_example(task, VOCAB, record)
   assert "debian_synopsis_chat" not in tasks.SHIPPED_VOCABULARY_TASKS and len(tasks.SHIPPED_VOCABULARY_TASKS) == 3
+  with pytest.raises(ValueError, match="through the chat template alone takes .* more than max_input_tokens=8"):
+    tasks.encode_example(dataclasses.replace(task, max_input_tokens=8), vocab, record)
 
 
 def test_lm_task_prompt_is_the_first_tokens_and_training_rows_weight_the_whole_text():
