@@ -21,7 +21,8 @@ setup(
     version="0.1.0",
     description="Speculative decoding, speculative cascades, SpecTr, CS Drafting and SpecDec++ in JAX",
     packages=find_packages(include=["specdec", "specdec.*"]),
-    package_data={"specdec.cli": ["registry.json"]},   # the commands' options, read before JAX is imported
+    # the commands' options, read before JAX is imported; the CPU kernel's source, compiled on first use
+    package_data={"specdec.cli": ["registry.json"], "specdec.models": ["cpu_kernel.cc"]},
     python_requires=">=3.11",   # the pinned etils[epath] (constraints.txt) requires it
     data_files=_shipped_files("data", "configs"),
     entry_points={"console_scripts": [

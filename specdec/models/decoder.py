@@ -42,7 +42,7 @@ import numpy as np
 from flax import linen as nn
 from flax import struct
 
-from specdec.models import base, partitioning
+from specdec.models import base, cpu_kernel, partitioning
 
 Array = jax.Array
 
@@ -158,7 +158,7 @@ class Einsum(nn.Module):
   @nn.compact
   def __call__(self, equation: str, x: Array) -> Array:
     w = self.param("w", nn.initializers.normal(stddev=1.0 / math.sqrt(self.fan_in)), self.shape)
-    return jnp.einsum(equation, x, w.astype(self.dtype))
+    return cpu_kernel.einsum(equation, x, w.astype(self.dtype))
 
 
 class Attention(nn.Module):
@@ -200,9 +200,9 @@ class Mlp(nn.Module):
                         (cfg.embed_dim, 2, cfg.hidden_dim))
     linear = self.param("linear", nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.hidden_dim)),
                         (cfg.hidden_dim, cfg.embed_dim))
-    gated = jnp.einsum("bne,ecf->bncf", x, gating.astype(cfg.dtype))
+    gated = cpu_kernel.einsum("bne,ecf->bncf", x, gating.astype(cfg.dtype))
     hidden = ACTIVATIONS[cfg.activation](gated[:, :, 0]) * gated[:, :, 1]
-    return jnp.einsum("bnf,fe->bne", hidden, linear.astype(cfg.dtype))
+    return cpu_kernel.einsum("bnf,fe->bne", hidden, linear.astype(cfg.dtype))
 
 
 class Block(nn.Module):
@@ -274,7 +274,7 @@ class DecoderNetwork(nn.Module):
 def output_logits(config: DecoderConfig, table: Array, hidden: Array) -> Array:
   """Soft-capped next-token logits [B, n, V] (float32) of last hidden states [B, n, E] through the output
   table [V, E]."""
-  logits = jnp.einsum("bne,ve->bnv", hidden.astype(jnp.float32), table.astype(jnp.float32))
+  logits = cpu_kernel.einsum("bne,ve->bnv", hidden.astype(jnp.float32), table.astype(jnp.float32))
   return soft_cap(logits, config.final_logit_softcap)
 
 

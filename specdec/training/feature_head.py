@@ -154,20 +154,22 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
         next(batches)
     checkpoints = checkpoint.Checkpointer(checkpoint_dir, metadata=metadata, save_every=save_every, keep=1)
   start, metrics = time.monotonic(), {}
-  for step in range(first, steps):
-    batch = next(batches)
-    state, metrics = train_step(state, head, verifier, {k: jnp.asarray(v) for k, v in batch.items()},
-                                jax.random.fold_in(key, step), noise=noise, unroll=unroll)
-    if (step + 1) % log_every == 0 or step + 1 == steps:
-      metrics = {name: float(value) for name, value in metrics.items()}
-      log(f"step {step + 1}/{steps}: regression {metrics['regression']:.4f} classification "
-          f"{metrics['classification']:.4f} top-1 agreement {metrics['top1_agreement']:.3f}"
-          + "".join(f", draft {r} {metrics[f'top1_agreement_{r}']:.3f}" for r in range(2, unroll + 1))
-          + f" ({time.monotonic() - start:.0f} s)")
+  try:   # a Ctrl-C still lets the save under way finish, so that a rerun resumes from it
+    for step in range(first, steps):
+      batch = next(batches)
+      state, metrics = train_step(state, head, verifier, {k: jnp.asarray(v) for k, v in batch.items()},
+                                  jax.random.fold_in(key, step), noise=noise, unroll=unroll)
+      if (step + 1) % log_every == 0 or step + 1 == steps:
+        metrics = {name: float(value) for name, value in metrics.items()}
+        log(f"step {step + 1}/{steps}: regression {metrics['regression']:.4f} classification "
+            f"{metrics['classification']:.4f} top-1 agreement {metrics['top1_agreement']:.3f}"
+            + "".join(f", draft {r} {metrics[f'top1_agreement_{r}']:.3f}" for r in range(2, unroll + 1))
+            + f" ({time.monotonic() - start:.0f} s)")
+      if checkpoints is not None:
+        checkpoints.save(step + 1, state, data_offset=step + 1, force=step + 1 == steps)
+  finally:
     if checkpoints is not None:
-      checkpoints.save(step + 1, state, data_offset=step + 1, force=step + 1 == steps)
-  if checkpoints is not None:
-    checkpoints.close()
+      checkpoints.close()
   record = {"steps": steps, "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed,
             "unroll": unroll, "draft_vocabulary": None if draft_ids is None else len(draft_ids),
             "noise": noise, "regression_weight": REGRESSION_WEIGHT,
