@@ -67,12 +67,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Variables that change what a measurement measures (`models.cpu_kernel`'s switch, XLA's flags, matmul precision).
+ENVIRONMENT = ("SPECDEC_CPU_KERNEL", "XLA_FLAGS", "JAX_DEFAULT_MATMUL_PRECISION")
+
+
 def machine() -> dict[str, Any]:
-  """The machine a measurement runs on: JAX's backend and devices, the CPU, the platform and versions."""
+  """The machine a measurement runs on: JAX's backend and devices, the CPU, the platform and versions, and the
+  `ENVIRONMENT` variables set."""
   first = jax.devices()[0]
   return {"backend": jax.default_backend(), "device": first.device_kind, "devices": jax.device_count(),
           "cpu": _cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(),
-          "python": platform.python_version(), "jax": jax.__version__}
+          "python": platform.python_version(), "jax": jax.__version__,
+          "environment": {name: os.environ[name] for name in ENVIRONMENT if name in os.environ}}
 
 
 def device() -> str:
@@ -97,8 +103,10 @@ def new_record(benchmark: str, command: str, keys: Sequence[str], **settings: An
 def header(record: dict[str, Any]) -> list[str]:
   """The markdown lines that open every benchmark's report: machine, code and command."""
   m = record["machine"]
+  environment = " ".join(f"{name}={value}" for name, value in m.get("environment", {}).items())
   return [f"machine: {m['backend']} ({m['device']} x{m['devices']}), {m['cpu']}, {m['cpus']} cpus, "
-          f"{m['platform']}, python {m['python']}, jax {m['jax']}",
+          f"{m['platform']}, python {m['python']}, jax {m['jax']}"] + ([f"environment: {environment}"] if environment
+                                                                     else []) + [
           f"commit: {record['commit']}", f"command: `{record['command']}`"]
 
 

@@ -55,13 +55,18 @@ def test_score_seconds_times_each_width_after_a_cache_of_the_prefix():
   assert set(seconds) == {1, 4} and all(t > 0 for t in seconds.values())
 
 
-def test_a_record_is_written_as_json_and_markdown_under_one_header(tmp_path):
+def test_a_record_is_written_as_json_and_markdown_under_one_header(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_CPU_KERNEL", "0")   # a variable that changes what is measured is recorded
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.delenv("JAX_DEFAULT_MATMUL_PRECISION", raising=False)
   record = bench.new_record("demo", "specdec-bench demo --x 1", keys=("case",), x=1)
+  assert record["machine"]["environment"] == {"SPECDEC_CPU_KERNEL": "0"}
   record["rows"].append({"case": "a", "ms": 1.5})
   bench.write_record(record, tmp_path / "out" / "demo", bench.markdown_table(record["rows"]))
   assert json.loads((tmp_path / "out" / "demo.json").read_text())["rows"] == [{"case": "a", "ms": 1.5}]
   text = (tmp_path / "out" / "demo.md").read_text()
   assert text.startswith("machine: cpu") and "command: `specdec-bench demo --x 1`" in text
+  assert "\nenvironment: SPECDEC_CPU_KERNEL=0\n" in text
   assert "| a | 1.5 |" in text and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["demo.json", "demo.md"]
 
 
