@@ -219,7 +219,11 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   const int64_t N = transposed ? w_dims[w_rank - 2] : w_dims[w_rank - 1];
   if (K != (transposed ? w_dims[w_rank - 1] : w_dims[w_rank - 2]))
     return ffi::Error::InvalidArgument("rows_matmul: x's last axis and w's contracted axis differ");
-  const int64_t R = K == 0 ? 0 : x.element_count() / K;
+  if (K == 0) {  // an empty sum
+    std::fill_n(y->typed_data(), y->element_count(), 0.f);
+    return ffi::Error::Success();
+  }
+  const int64_t R = x.element_count() / K;
   // Column ranges of whole strips / blocks, one per thread (more, narrower parts measured slower); a matrix too
   // small to share stays on the caller.
   const int64_t unit = transposed ? kTableRows : 16 * kColumnVectors;

@@ -147,9 +147,9 @@ def _contract(x: Array, w: Array, n: int, transposed: bool) -> Array:
   out_shape = x.shape[:x.ndim - n] + (w.shape[:1] if transposed else w.shape[n:])
 
   def kernel(x: Array, w: Array) -> Array:
-    k = math.prod(x.shape[x.ndim - n:])
-    w2 = w if transposed else w.reshape(k, -1)
-    return rows_matmul(x.reshape(-1, k), w2, transposed).reshape(out_shape)
+    k = math.prod(x.shape[x.ndim - n:])     # explicit shapes: -1 is undefined where k is 0
+    w2 = w if transposed else w.reshape(k, math.prod(w.shape[n:]))
+    return rows_matmul(x.reshape(math.prod(x.shape[:x.ndim - n]), k), w2, transposed).reshape(out_shape)
 
   return jax.lax.platform_dependent(x, w, cpu=kernel, default=lambda x, w: _plain(x, w, n, transposed))
 

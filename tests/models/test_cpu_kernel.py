@@ -25,6 +25,7 @@ CASES = [
     ("bne,ve->bnv", (3, 5, 33), (77, 33)),
     ("bne,ve->bnv", (1, 16, 20), (9, 20)),
     ("bk,kn->bn", (13, 300), (300, 333)),    # 13 rows: one tile of 8 and one of 5 ([K, N]); 5, 5, 3 ([N, K])
+    ("bk,kn->bn", (3, 0), (0, 20)),          # an empty sum: zeros
 ]
 
 
