@@ -164,9 +164,6 @@ void matmul_nt(const float* x, int64_t R, int64_t K, const float* w, int64_t N, 
   for (; n < n_hi; ++n) nt_rows<1>(x, R, K, w, N, y, n, n_hi);
 }
 
-// Runs part(0), …, part(parts − 1) on the caller and XLA's intra-op threads. A part is claimed before it runs,
-// and the caller waits only for parts that others claimed (and so are running): if every pool thread is busy,
-// the caller runs them all, and a task that starts after the call returned finds nothing left to claim.
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -175,6 +172,9 @@ inline void cpu_relax() {
 #endif
 }
 
+// Runs part(0), …, part(parts − 1) on the caller and XLA's intra-op threads. A part is claimed before it runs,
+// and the caller waits only for parts that others claimed (and so are running): if every pool thread is busy,
+// the caller runs them all, and a task that starts after the call returned finds nothing left to claim.
 template <typename Part>
 void parallel_parts(ffi::ThreadPool& pool, int64_t parts, const Part& part) {
   struct State {

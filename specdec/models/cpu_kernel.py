@@ -111,21 +111,24 @@ def rows_matmul(x: Array, w: Array, transposed: bool = False) -> Array:
   return call(x, w, transposed=transposed)
 
 
-def _split(equation: str, x_ndim: int, w_ndim: int) -> tuple[int, bool, str] | None:
-  """(contracted axes, transposed, the product's axes) where the kernel computes the equation, else None."""
+def _split(equation: str, x_ndim: int, w_ndim: int) -> tuple[int, bool, list[int]] | None:
+  """(contracted axes, transposed, the permutation from the kernel's product to the equation's output) where the
+  kernel computes the equation, else None."""
   inputs, out = equation.replace(" ", "").split("->")
   lhs, rhs = inputs.split(",")
   if len(lhs) != x_ndim or len(rhs) != w_ndim or len(set(lhs)) != len(lhs) or len(set(rhs)) != len(rhs):
     return None
-  shared = [c for c in lhs if c in rhs]
+  shared = "".join(c for c in lhs if c in rhs)
   n = len(shared)
-  if n == 0 or sorted(out) != sorted(set(lhs) ^ set(rhs)) or lhs[len(lhs) - n:] != "".join(shared):
+  if n == 0 or sorted(out) != sorted(set(lhs) ^ set(rhs)) or not lhs.endswith(shared):
     return None
-  if rhs[:n] == "".join(shared):
-    return n, False, lhs[:len(lhs) - n] + rhs[n:]
-  if w_ndim == 2 and n == 1 and rhs[1] == shared[0]:
-    return 1, True, lhs[:-1] + rhs[0]
-  return None
+  if rhs.startswith(shared):
+    transposed, product = False, lhs[:-n] + rhs[n:]
+  elif w_ndim == 2 and rhs[1] == shared:
+    transposed, product = True, lhs[:-1] + rhs[0]
+  else:
+    return None
+  return n, transposed, [product.index(c) for c in out]
 
 
 def einsum(equation: str, x: Array, w: Array) -> Array:
@@ -133,12 +136,11 @@ def einsum(equation: str, x: Array, w: Array) -> Array:
   split = _split(equation, x.ndim, w.ndim)
   if split is None or not _enabled[0] or x.dtype != jnp.float32 or w.dtype != jnp.float32:
     return jnp.einsum(equation, x, w)
-  n, transposed, product = split
-  rows = x.size // max(1, math.prod(x.shape[x.ndim - n:]))
-  if rows > MAX_ROWS or jax.device_count() != 1 or jax.default_backend() != "cpu" or not available():
+  n, transposed, permutation = split
+  if (math.prod(x.shape[:x.ndim - n]) > MAX_ROWS or jax.device_count() != 1 or jax.default_backend() != "cpu"
+      or not available()):
     return jnp.einsum(equation, x, w)
-  out = _contract(x, w, n, transposed)
-  return out.transpose([product.index(c) for c in equation.split("->")[1].strip()])
+  return _contract(x, w, n, transposed).transpose(permutation)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))

@@ -119,11 +119,14 @@ def test_decoder_logits_with_and_without_the_kernel():
   visible = jnp.tril(jnp.ones((6, 6), bool))[None]
 
   def logits():
-    return jax.jit(lambda m, t: m._apply(t, positions, visible, positions)[0])(model, tokens)
+    apply = jax.jit(lambda m, t: m._apply(t, positions, visible, positions)[0])
+    return apply(model, tokens), apply.lower(model, tokens).as_text().count(cpu_kernel.TARGET)
 
-  fast = logits()
+  fast, calls = logits()
+  assert calls == 2 * 5 + 1   # per layer q, kv, o, gate+up, down; the output table
   with cpu_kernel.enabled(False):
-    plain = logits()
+    plain, plain_calls = logits()
+  assert plain_calls == 0
   np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=1e-4)
 
 
