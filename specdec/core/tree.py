@@ -250,7 +250,7 @@ def verify_tree_greedy(drafts: Array, p: Array) -> tuple[Array, Array, Array]:
     checks.check_probs("p", p)
     checks.check_range("drafts", drafts, 0, np.shape(p)[-1] - 1)
     p = jnp.asarray(p)
-    greedy = jnp.argmax(p, axis=-1)
+    greedy = sampling.argmax(p)   # XLA:CPU's (value, index) argmax took 1.3 ms per block over [1, 4, 3, 49152]
     bad = jnp.any(jnp.isnan(p), axis=(1, 2, 3))
   elif np.ndim(p) == 3 and jnp.issubdtype(jnp.result_type(p), jnp.integer):
     checks.check_shape("p", p, (batch, n_drafts, gamma + 1), "[B, K, γ+1] (argmax tokens)")

@@ -16,10 +16,11 @@ Every lossless rule keeps the verifier's law with it (only the verifier's accept
 emitted), and it meets every target rule of `speculative` and BiLD like any other drafter.
 
 With a draft vocabulary (`FeatureHead.draft_ids`, k tokens) a draft step reads only those k rows of the verifier's
-output layer (taken once per generation, in `start`): its logits over them are placed at their ids and every
-other token gets the lowest float, so S(·) gives q with the head's softmax over the k tokens and exactly 0
-elsewhere — the q the draft is sampled from and the verifier's test reads (a token outside the draft vocabulary
-is then never drafted, only emitted by the verifier's residual or bonus draw).
+output layer (taken once per generation, in `start`), and the whole draft step — S(·), the draw, EAGLE-2's beams —
+works on those k columns; the block's q is then placed at their ids, exactly 0 elsewhere (`to_vocabulary`): S(·)
+of the full logits with every other token at 0 probability, the q the draft is sampled from and the verifier's
+test reads (a token outside the draft vocabulary is then never drafted, only emitted by the verifier's residual or
+bonus draw).
 """
 
 from __future__ import annotations
@@ -98,14 +99,18 @@ class FeatureDrafter(Drafter):
     return FeatureState(cache=self.head.init_cache(batch, cache_length, layout), feature=feature, table=table), last
 
   def draft_logits(self, predicted: Array, table: Array | None) -> Array:
-    """Next-token logits [B, V] of predicted features [B, 1, E]: through the whole output layer (`table` None), or
-    through the draft vocabulary's rows `table` [k, E] (`FeatureState.table`, gathered once per decode) with every
-    other token at the lowest float (module docstring)."""
-    if table is None:
-      return self.verifier.output_logits(predicted)[:, 0]
-    drafted = self.verifier.output_logits(predicted, table)[:, 0]                              # [B, k]
-    lowest = jnp.full((drafted.shape[0], self.vocab_size), jnp.finfo(jnp.float32).min, jnp.float32)
-    return lowest.at[:, self.head.draft_ids].set(drafted)
+    """Next-token logits of predicted features [B, 1, E] over the tokens the head drafts among: [B, V] through the
+    whole output layer (`table` None), or [B, k] through the draft vocabulary's rows `table` [k, E]
+    (`FeatureState.table`, gathered once per decode), column i for token draft_ids[i]."""
+    return self.verifier.output_logits(predicted, table)[:, 0]
+
+  def to_vocabulary(self, x: Array) -> Array:
+    """Distributions over the draft vocabulary's columns [..., k] as distributions over the whole vocabulary
+    [..., V], 0 at every token outside it (without a draft vocabulary: x as it is)."""
+    ids = self.head.draft_ids
+    if ids is None:
+      return x
+    return jnp.zeros(x.shape[:-1] + (self.vocab_size,), x.dtype).at[..., ids].set(x)
 
   @property
   def keeps_copies(self) -> bool:
@@ -147,15 +152,18 @@ class FeatureDrafter(Drafter):
     that stops (keep_drafting False: BiLD's fallback) drafts no more; calls run for the whole batch. With
     `beam` the copies draft as beams (EAGLE-2's dynamic tree): each takes its parent beam's head cache and
     predicted feature after every call."""
-    batch, vocab = last.shape[0], self.vocab_size
+    batch = last.shape[0]
+    ids = self.head.draft_ids
+    columns = self.vocab_size if ids is None else ids.shape[0]
     calls = max_drafts + 1 if self.bonus_q else max_drafts
     keys = rng.split(key, max_drafts + 1)
 
     def body(step, carry):
       cache, feature, token, tokens, q, q_raw, drafting, n_drafted, log_values = carry
       predicted, cache = self.head.score(cache, feature[:, None], self.verifier.token_embeddings(token[:, None]))
-      logits = self.draft_logits(predicted, state.table)
-      q_raw_j, q_j = sampling.distributions(logits)
+      # Over the draft vocabulary's k columns: S(·) of logits with every other token at 0 probability is S(·) of
+      # these, placed at their ids (`to_vocabulary`), and a draw or a beam's column i is token draft_ids[i].
+      q_raw_j, q_j = sampling.distributions(self.draft_logits(predicted, state.table))
       keep = drafting[:, None]
       q = q.at[:, step].set(jnp.where(keep, q_j, q[:, step]))
       q_raw = q_raw.at[:, step].set(jnp.where(keep, q_raw_j, q_raw[:, step]))
@@ -169,18 +177,19 @@ class FeatureDrafter(Drafter):
         x, parent, log_values = beam.step(log_values, q_raw_j)
         parent = jnp.where(go_on, parent, jnp.arange(batch) % beam.num_beams)
         cache, predicted, tokens, q, q_raw = beam.reorder((cache, predicted, tokens, q, q_raw), parent)
+      x = x if ids is None else ids[x]
       slot = jnp.minimum(step, max_drafts - 1)
       tokens = tokens.at[:, slot].set(jnp.where(go_on, x, tokens[:, slot]))
       return (cache, predicted, jnp.where(go_on, x, token), tokens, q, q_raw, go_on, n_drafted + go_on,
               log_values)
 
-    zeros = jnp.zeros((batch, max_drafts + 1, vocab), jnp.float32)
+    zeros = jnp.zeros((batch, max_drafts + 1, columns), jnp.float32)
     carry = (state.cache, state.feature, last, jnp.zeros((batch, max_drafts), jnp.int32), zeros, zeros,
              jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32),
              jnp.zeros((batch,), jnp.float32) if beam is None else beam.start(batch))
     cache, _, _, tokens, q, q_raw, _, n_drafted, _ = jax.lax.fori_loop(0, calls, body, carry)
     # Charged with the head call of `verified` that follows: it re-reads the accepted drafts.
-    return Draft(tokens=tokens, q=q, q_raw=q_raw, n_drafted=n_drafted,
+    return Draft(tokens=tokens, q=self.to_vocabulary(q), q_raw=self.to_vocabulary(q_raw), n_drafted=n_drafted,
                  calls=jnp.full((batch,), calls + 1, jnp.int32), state=state.replace(cache=cache))
 
 

@@ -124,24 +124,23 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, layout: 
   b, n, h, d = query.shape
   if check_layout(layout) == "slots":
     return _attend_slot_major(query, keys, values, visible, bias=bias, soft_cap=soft_cap)
-  k = keys.shape[1]
-  if k == h:
-    # The cache as the left operand: the product reads it in its stored layout.
-    scores = jnp.einsum("bhcd,bnhd->bhnc", keys, query).astype(jnp.float32)               # [B, H, n, C]
-  else:
-    grouped = query.reshape(b, n, k, h // k, d)
-    scores = jnp.einsum("bkcd,bnkgd->bkgnc", keys, grouped).astype(jnp.float32).reshape(b, h, n, -1)
+  k, g = keys.shape[1], h // keys.shape[1]
+  # Scores stay [B, K, C, G·n], slots before queries, from a dot over D with the cache on the left, and the
+  # weights multiply the values in that layout: XLA:CPU then reads the keys and values as stored (with
+  # head-major scores it wrote every layer's cache, or the scores, transposed on every call).
+  dtype = jnp.promote_types(keys.dtype, query.dtype)
+  grouped = query.reshape(b, n, k, g, d).transpose(0, 2, 4, 3, 1).reshape(b, k, d, g * n).astype(dtype)
+  scores = jax.lax.dot_general(keys.astype(dtype), grouped, (((3,), (2,)), ((0, 1), (0, 1))))
+  scores = scores.reshape(b, k, -1, g, n).astype(jnp.float32)                                    # [B, K, C, G, n]
   if bias is not None:
-    scores = scores + bias
+    scores = scores + jnp.moveaxis(bias.reshape(bias.shape[0], k, g, n, -1), -1, 2)
   if soft_cap is not None:
     scores = jnp.tanh(scores / soft_cap) * soft_cap
   # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
-  scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-  if k == h:
-    return jnp.einsum("bhnc,bhcd->bnhd", weights, values)
-  grouped = jnp.einsum("bkgnc,bkcd->bnkgd", weights.reshape(b, k, h // k, n, -1), values)
-  return grouped.reshape(b, n, h, d)
+  scores = jnp.where(jnp.moveaxis(visible, 1, 2)[:, None, :, None], scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=2).astype(values.dtype).reshape(b, k, -1, g * n)
+  attended = jax.lax.dot_general(weights, values, (((2,), (2,)), ((0, 1), (0, 1))))            # [B, K, G·n, D]
+  return jnp.moveaxis(attended.reshape(b, k, g, n, d), 3, 1).reshape(b, n, h, d)
 
 
 class RMSNorm(nn.Module):

@@ -9,6 +9,7 @@ draft is the teacher-forced one.
 
 import dataclasses
 import functools
+import gc
 import itertools
 
 import jax
@@ -177,6 +178,25 @@ def test_a_head_for_another_verifier_is_refused_naming_both():
                       method="speculative", max_new_tokens=2, eos_id=None)
 
 
+def test_a_verifiers_fingerprint_is_digested_once_per_table_and_follows_its_values():
+  verifier = _verifier(seed=1)
+  table = verifier.output_table()
+  first = feature_head.verifier_fingerprint(verifier)
+  assert feature_head._FINGERPRINTS[id(table)][1] == first
+  assert feature_head.verifier_fingerprint(verifier) == first
+  # A verifier whose output table holds other values (a new array) gets its own digest.
+  changed = verifier.replace(params=jax.tree.map(lambda w: w * 1.5, verifier.params))
+  assert changed.output_table() is not table
+  assert feature_head.verifier_fingerprint(changed) != first
+  assert feature_head.verifier_fingerprint(_verifier(seed=1)) == first     # equal values, a new array
+  gc.collect()
+  entries = len(feature_head._FINGERPRINTS)
+  negated = lambda: verifier.replace(params=jax.tree.map(lambda w: -w, verifier.params))  # noqa: E731
+  assert feature_head.verifier_fingerprint(negated()) != first
+  gc.collect()
+  assert len(feature_head._FINGERPRINTS) == entries     # a dropped table's entry goes with it
+
+
 def test_a_verifier_without_hidden_state_access_is_named():
   head = feature_head.init(_verifier(), jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match="through token_embeddings, output_logits, output_table, which "
@@ -271,25 +291,66 @@ def _restricted(drafter, ids):
 
 
 def test_a_draft_vocabularys_q_is_the_heads_softmax_over_its_tokens_and_zero_elsewhere():
+  """The first draft's q from the same state with and without the draft vocabulary: the head's softmax over
+  the k tokens, renormalised, and 0 outside (the same features and head call: only the output layer's rows
+  and S(·) differ)."""
   verifier = _verifier(vocab=16)
   drafter = _drafter(verifier)
   ids = np.array([0, 3, 4, 9, 15])
   restricted = _restricted(drafter, ids)
   prompt = jnp.asarray([[3, 7, 1, 12, 5]], jnp.int32)
-  state, last = restricted.start(prompt, jnp.asarray([5]), 24)
-  assert state.table.shape == (5, verifier.hidden_size)
   _, _, hidden = models.base.prefill(verifier, verifier.init_cache(1, 24), prompt, jnp.asarray([5]),
                                      return_hidden=True)
-  state = restricted.verified(state, Verified(tokens=prompt, count=jnp.asarray([4]), next_token=last,
-                                              lengths=jnp.asarray([4]), hidden=hidden))
-  draft = restricted.propose(jax.random.PRNGKey(0), state, last, max_drafts=3,
-                             sampling=sampling.Sampling(1.0, 1.0).checked())
-  full = np.asarray(_teacher_forced_q(drafter, prompt))[0]
+
+  def first_draft(feature_drafter):
+    state, last = feature_drafter.start(prompt, jnp.asarray([5]), 24)
+    state = feature_drafter.verified(state, Verified(tokens=prompt, count=jnp.asarray([4]), next_token=last,
+                                                     lengths=jnp.asarray([4]), hidden=hidden))
+    return state, feature_drafter.propose(jax.random.PRNGKey(0), state, last, max_drafts=3,
+                                          sampling=sampling.Sampling(1.0, 1.0).checked())
+
+  state, draft = first_draft(restricted)
+  assert state.table.shape == (5, verifier.hidden_size)
+  full = np.asarray(first_draft(drafter)[1].q_raw, np.float64)[0, 0]
   want = np.zeros(16)
   want[ids] = full[ids] / full[ids].sum()
-  np.testing.assert_allclose(draft.q_raw[0, 0], want, atol=1e-5)
+  np.testing.assert_allclose(draft.q_raw[0, 0], want, rtol=1e-5, atol=1e-7)
   outside = np.setdiff1d(np.arange(16), ids)
   assert np.all(np.asarray(draft.q)[0, :, outside] == 0) and np.all(np.isin(np.asarray(draft.tokens), ids))
+
+
+def test_with_a_draft_vocabulary_the_beams_are_the_k_best_paths_among_its_tokens():
+  """EAGLE-2's beams (`BeamDrafts`, top-k over the draft vocabulary's K·k candidates) against a beam search written
+  here over the whole vocabulary from the head's unrolled q (`_teacher_forced_q`), restricted to the draft
+  vocabulary: the same paths, best first."""
+  verifier = _verifier(vocab=16)
+  drafter = _drafter(verifier)
+  ids = np.array([0, 3, 4, 9, 11, 15])
+  restricted = _restricted(drafter, ids)
+  prompt = jnp.asarray([[3, 7, 1, 12, 5]], jnp.int32)
+  num_beams, gamma = 3, 3
+  drafts_of = decoding.multi_draft.BeamDrafts(restricted, num_drafts=num_beams)
+  state, last = drafts_of.start(prompt, jnp.asarray([5]), 24)
+  _, _, hidden = models.base.prefill(verifier, verifier.init_cache(1, 24), prompt, jnp.asarray([5]),
+                                     return_hidden=True)
+  state = drafts_of.verified(state, Verified(tokens=prompt, count=jnp.asarray([4]), next_token=last,
+                                             lengths=jnp.asarray([4]), hidden=hidden))
+  drafts = drafts_of.propose(jax.random.PRNGKey(0), state, last, max_drafts=gamma, sampling=sampling.Sampling())
+
+  def q_after(path):   # the head's q over all V tokens, 0 outside the draft vocabulary
+    full = np.asarray(_teacher_forced_q(drafter, jnp.concatenate([prompt, jnp.asarray([path], jnp.int32)], 1)
+                                        if path else prompt, draft=len(path) + 1), np.float64)[0]
+    restricted_q = np.zeros_like(full)
+    restricted_q[ids] = full[ids] / full[ids].sum()
+    return restricted_q
+
+  beams = [((), 0.0)]
+  for _ in range(gamma):
+    candidates = [(value + np.log(q), path + (x,)) for path, value in beams
+                  for x, q in enumerate(q_after(list(path))) if q > 0]
+    candidates.sort(key=lambda c: -c[0])
+    beams = [(path, value) for value, path in candidates[:num_beams]]
+  np.testing.assert_array_equal(drafts.tokens[0], np.array([path for path, _ in beams]))
 
 
 def test_with_a_draft_vocabulary_the_output_law_is_the_verifiers():

@@ -24,22 +24,62 @@ CASES = [(2, 4, 3, 1, 16, 128, 0, None),      # one 128-lane head per block
 BLOCKED = [(2, 16, 2, 2, 24, 128, 1, 30.0, 8), (1, 24, 4, 1, 16, 64, 1, None, 8)]
 
 
+U = 2.0 ** -24   # float32's unit roundoff
+
+
+def _gamma(m: int) -> float:
+  return m * U / (1 - m * U)
+
+
+def _exact_attention(query, keys, values, visible, bias, soft_cap):
+  """Attention in float64 from float32 inputs (keys, values head-major [B, K, C, D]) and the bound on float32's
+  error: scores err by at most E = γ_D·Σ|q·k| (+ the bias's and the soft cap's roundings) at a visible key, so each
+  softmax weight by a factor e^{2E} − 1 (+ the exponential's, sum's and division's roundings), and an output by that
+  times Σ_c w_c·|v_c| plus the weighted sum's own γ_C·Σ_c w_c·|v_c|."""
+  q, kk, vv = (np.asarray(x, np.float64) for x in (query, keys, values))
+  b, n, h, d = q.shape
+  k, c = kk.shape[1], kk.shape[2]
+  g = h // k
+  qg = q.reshape(b, n, k, g, d)
+  scores = np.einsum("bkcd,bnkgd->bkgnc", kk, qg).reshape(b, h, n, c)
+  error = _gamma(d) * np.einsum("bkcd,bnkgd->bkgnc", np.abs(kk), np.abs(qg)).reshape(b, h, n, c)
+  if bias is not None:
+    scores = scores + np.asarray(bias, np.float64)
+    error = error + U * (np.abs(scores) + np.abs(np.asarray(bias, np.float64)))
+  if soft_cap is not None:
+    scores = np.tanh(scores / soft_cap) * soft_cap
+    error = error + 16 * U * soft_cap        # the division, tanh (a few ulps) and the product
+  lowest = np.finfo(np.float32).min
+  shown = np.broadcast_to(np.asarray(visible)[:, None], scores.shape)
+  scores = np.where(shown, scores, lowest)
+  worst = np.max(np.where(shown, error, 0.0), axis=-1, keepdims=True)                  # E per query and head
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  out = np.einsum("bkgnc,bkcd->bnkgd", weights.reshape(b, k, g, n, c), vv).reshape(b, n, h, d)
+  spread = np.einsum("bkgnc,bkcd->bnkgd", weights.reshape(b, k, g, n, c), np.abs(vv)).reshape(b, n, h, d)
+  factor = np.expm1(2 * worst) + 8 * U + 2 * _gamma(c)                                  # [B, H, n, 1]
+  return out, factor.transpose(0, 2, 1, 3) * spread
+
+
 @pytest.mark.parametrize("b, n, k, g, c, d, bias_rows, soft_cap, block",
                          [case + (None,) for case in CASES] + BLOCKED)
 def test_the_kernel_attends_as_base_attend_does(b, n, k, g, c, d, bias_rows, soft_cap, block):
+  """The kernel, `base.attend` on head-major and on slot-major arrays: each within float32's rounding bound of the
+  exact attention (`_exact_attention`)."""
   rng = np.random.default_rng(c + d)
   keys, values = (jnp.asarray(rng.normal(size=(c, b, k * d)), jnp.float32) for _ in range(2))
   query = jnp.asarray(rng.normal(size=(b, n, k * g, d)) * 0.3, jnp.float32)
   visible = jnp.asarray(rng.random((b, n, c)) < 0.6).at[:, :, 0].set(True).at[0, 0].set(False)  # a row sees none
   bias = jnp.asarray(rng.normal(size=(bias_rows, k * g, n, c)), jnp.float32) if bias_rows else None
   head_major = lambda x: x.reshape(c, b, k, d).transpose(1, 2, 0, 3)  # noqa: E731
-  want = base.attend(query, head_major(keys), head_major(values), visible, bias=bias, soft_cap=soft_cap)
-  got = attention_kernel.attend(query, keys, values, visible, key_heads=k, bias=bias, soft_cap=soft_cap,
-                                block=block, interpret=True)
-  np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
-  # and `base.attend` on the slot-major arrays (XLA's attention off TPU) is the same function
-  np.testing.assert_allclose(base.attend(query, keys, values, visible, layout="slots", bias=bias, soft_cap=soft_cap),
-                             want, atol=1e-6, rtol=1e-6)
+  exact, bound = _exact_attention(query, head_major(keys), head_major(values), visible, bias, soft_cap)
+  runs = {"kernel": attention_kernel.attend(query, keys, values, visible, key_heads=k, bias=bias, soft_cap=soft_cap,
+                                            block=block, interpret=True),
+          "heads": base.attend(query, head_major(keys), head_major(values), visible, bias=bias, soft_cap=soft_cap),
+          "slots": base.attend(query, keys, values, visible, layout="slots", bias=bias, soft_cap=soft_cap)}
+  for name, got in runs.items():
+    excess = np.abs(np.asarray(got, np.float64) - exact) - bound
+    assert np.all(excess <= 0), f"{name}: {np.max(excess):.3g} beyond float32's bound"
 
 
 def test_heads_that_make_no_whole_lane_block_are_left_to_xla():
