@@ -121,25 +121,74 @@ def attend(query: Array, keys: Array, values: Array, visible: Array, *, layout: 
   to the logits (T5's relative positions), `soft_cap` c: logits → c·tanh(logits / c) (Gemma 2). Logits and
   softmax in float32, weights in the values' dtype. Returns [B, n, H, D]. The query carries its own scale
   (models differ: 1/√D, a config scalar, or none)."""
-  b, n, h, d = query.shape
   if check_layout(layout) == "slots":
     return _attend_slot_major(query, keys, values, visible, bias=bias, soft_cap=soft_cap)
-  k, g = keys.shape[1], h // keys.shape[1]
+  return _attend_head_major(query, [(keys, values, visible, bias)], soft_cap)
+
+
+def attend_and_write(query: Array, key: Array, value: Array, cached: tuple[Array, Array, Array, str],
+                     visible: Array, *, bias: Array | None = None, soft_cap: float | None = None
+                     ) -> tuple[Array, Array, Array]:
+  """n new tokens' attention over a cache with their own entries in it: key, value [B, n, K, D] are written at
+  slots [B, n] of the cache (cached = (keys, values, slots, layout), `write_slots`: dropped beyond C) and query
+  [B, n, H, D] attends as `attend` does over the written cache (visible [B, n, C], bias [B|1, H, n, C] index its
+  slots). Returns (out [B, n, H, D], the written keys, values).
+
+  In the "heads" layout the queries read the cache as it was, its new slots masked, and the new entries apart
+  (softmax over both at once, the same sums), and the cache is written after: the written cache then has one
+  reader, the loop that carries it, so XLA:CPU updates it in place (read after its write, it copied every
+  layer's keys and values two to five times at every step of a decode loop: 4 ms of SmolLM2's 33 ms step)."""
+  keys, values, slots, layout = cached
+  if check_layout(layout) == "slots":
+    written = write_slots(keys, key, slots, layout), write_slots(values, value, slots, layout)
+    return attend(query, *written, visible, layout=layout, bias=bias, soft_cap=soft_cap), *written
+  b, n = slots.shape
+  cache_length = keys.shape[2]
+  is_new = jnp.any(jnp.arange(cache_length, dtype=slots.dtype)[None, None, :] == slots[:, :, None], axis=1)
+  at_slots = jnp.broadcast_to(jnp.clip(slots, 0, cache_length - 1)[:, None, :], (b, n, n))
+  new_visible = jnp.take_along_axis(visible, at_slots, axis=2) & (slots < cache_length)[:, None, :]   # [B, n, n]
+  new_bias = None if bias is None else jnp.take_along_axis(
+      jnp.broadcast_to(bias, (b,) + bias.shape[1:]), jnp.broadcast_to(at_slots[:, None], (b, bias.shape[1], n, n)),
+      axis=3)
+  parts = [(keys, values, visible & ~is_new[:, None, :], bias),
+           (key.transpose(0, 2, 1, 3).astype(keys.dtype), value.transpose(0, 2, 1, 3).astype(values.dtype),
+            new_visible, new_bias)]
+  out = _attend_head_major(query, parts, soft_cap)
+  # The writes after every read of the old cache (a barrier ties them to the attention's output): where the
+  # order was free, XLA:CPU wrote first and kept the old cache for the reads in a copy.
+  out, keys, values = jax.lax.optimization_barrier((out, keys, values))
+  return out, write_slots(keys, key, slots, layout), write_slots(values, value, slots, layout)
+
+
+def _attend_head_major(query: Array, parts: list[tuple[Array, Array, Array, Array | None]],
+                       soft_cap: float | None) -> Array:
+  """`attend` in the "heads" layout over the keys of one or more parts (keys, values [B, K, C_i, D], visible
+  [B, n, C_i], bias [B|1, H, n, C_i] or None), one softmax over all of them."""
+  b, n, h, d = query.shape
+  k = parts[0][0].shape[1]
+  g = h // k
   # Scores stay [B, K, C, G·n], slots before queries, from a dot over D with the cache on the left, and the
   # weights multiply the values in that layout: XLA:CPU then reads the keys and values as stored (with
   # head-major scores it wrote every layer's cache, or the scores, transposed on every call).
-  dtype = jnp.promote_types(keys.dtype, query.dtype)
-  grouped = query.reshape(b, n, k, g, d).transpose(0, 2, 4, 3, 1).reshape(b, k, d, g * n).astype(dtype)
-  scores = jax.lax.dot_general(keys.astype(dtype), grouped, (((3,), (2,)), ((0, 1), (0, 1))))
-  scores = scores.reshape(b, k, -1, g, n).astype(jnp.float32)                                    # [B, K, C, G, n]
-  if bias is not None:
-    scores = scores + jnp.moveaxis(bias.reshape(bias.shape[0], k, g, n, -1), -1, 2)
-  if soft_cap is not None:
-    scores = jnp.tanh(scores / soft_cap) * soft_cap
-  # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
-  scores = jnp.where(jnp.moveaxis(visible, 1, 2)[:, None, :, None], scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=2).astype(values.dtype).reshape(b, k, -1, g * n)
-  attended = jax.lax.dot_general(weights, values, (((2,), (2,)), ((0, 1), (0, 1))))            # [B, K, G·n, D]
+  grouped = query.reshape(b, n, k, g, d).transpose(0, 2, 4, 3, 1).reshape(b, k, d, g * n)
+  scores = []
+  for keys, _, visible, bias in parts:
+    dtype = jnp.promote_types(keys.dtype, query.dtype)
+    part = jax.lax.dot_general(keys.astype(dtype), grouped.astype(dtype), (((3,), (2,)), ((0, 1), (0, 1))))
+    part = part.reshape(b, k, -1, g, n).astype(jnp.float32)                                      # [B, K, C, G, n]
+    if bias is not None:
+      part = part + jnp.moveaxis(bias.reshape(bias.shape[0], k, g, n, -1), -1, 2)
+    if soft_cap is not None:
+      part = jnp.tanh(part / soft_cap) * soft_cap
+    # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
+    scores.append(jnp.where(jnp.moveaxis(visible, 1, 2)[:, None, :, None], part, jnp.finfo(jnp.float32).min))
+  weights = jax.nn.softmax(jnp.concatenate(scores, axis=2), axis=2)
+  attended, start = 0.0, 0
+  for _, values, _, _ in parts:
+    size = values.shape[2]
+    part = weights[:, :, start:start + size].astype(values.dtype).reshape(b, k, size, g * n)
+    attended = attended + jax.lax.dot_general(part, values, (((2,), (2,)), ((0, 1), (0, 1))))   # [B, K, G·n, D]
+    start += size
   return jnp.moveaxis(attended.reshape(b, k, g, n, d), 3, 1).reshape(b, n, h, d)
 
 
@@ -183,15 +232,27 @@ def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array,
 
 def write_slots(cache: Array, new: Array, slots: Array, layout: str) -> Array:
   """cache [B, K, C, D] (`layout` "heads") or [C, B, K·D] ("slots") with row b's new entries new[b] [n, K, D]
-  written at slots[b] [n] (dropped beyond C).
+  written at slots[b] [n] (dropped beyond C). Slots are a row's next n (`new_entries`: lengths[b] + 0 … n−1).
 
   One row at a time under `vmap`: a scatter whose rows are a batch dimension, which the SPMD partitioner
-  keeps on each row's device (a scatter indexed by row ids gathers every row's updates onto every device)."""
+  keeps on each row's device (a scatter indexed by row ids gathers every row's updates onto every device).
+  At batch 1 in the "heads" layout, one `dynamic_update_slice` of the n slots' window instead: XLA:CPU turns
+  the scatter into a select over the whole cache (for the slots it drops), which it cannot update in place."""
+  if check_layout(layout) == "heads" and cache.shape[0] == 1:
+    n, cache_length = slots.shape[1], cache.shape[2]
+    start = slots[0, 0]
+    at = jnp.clip(start, 0, cache_length - n)   # dynamic_update_slice's own clamp; a window that overhangs
+    offset = jnp.arange(n, dtype=slots.dtype) + at - start   # the cache keeps its old slots before `start`
+    entries = jnp.take(new.transpose(0, 2, 1, 3).astype(cache.dtype), jnp.clip(offset, 0, n - 1), axis=2)
+    window = jnp.where((offset >= 0)[None, None, :, None], entries,
+                       jax.lax.dynamic_slice_in_dim(cache, at, n, axis=2))
+    return jax.lax.dynamic_update_slice_in_dim(cache, window, at, axis=2)
+
   def write_row(row: Array, entries: Array, row_slots: Array) -> Array:
     if layout == "slots":   # a slot's K·D entries are one row
       return row.at[row_slots].set(entries.reshape(entries.shape[0], -1).astype(row.dtype), mode="drop")
     return row.at[:, row_slots].set(entries.transpose(1, 0, 2).astype(row.dtype), mode="drop")
-  if check_layout(layout) == "slots":   # [C, B, K·D]: rows are axis 1
+  if layout == "slots":   # [C, B, K·D]: rows are axis 1
     return jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)(cache, new, slots)
   return jax.vmap(write_row)(cache, new, slots)
 

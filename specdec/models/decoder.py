@@ -179,11 +179,10 @@ class Attention(nn.Module):
     query = rope(query, positions, cfg.rope_theta) * jnp.asarray(cfg.query_scale, cfg.dtype)
     key = rope(key, positions, cfg.rope_theta)
     if cached is None:
-      keys, values, layout = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3), "heads"    # [B, K, n, H]
+      keys, values = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)                      # [B, K, n, H]
+      out = base.attend(query, keys, values, visible, soft_cap=cfg.attn_logit_softcap)               # head k·G + g
     else:
-      keys, values, slots, layout = cached
-      keys, values = base.write_slots(keys, key, slots, layout), base.write_slots(values, value, slots, layout)
-    out = base.attend(query, keys, values, visible, layout=layout, soft_cap=cfg.attn_logit_softcap)  # head k·G + g
+      out, keys, values = base.attend_and_write(query, key, value, cached, visible, soft_cap=cfg.attn_logit_softcap)
     out = Einsum((cfg.num_heads, cfg.head_dim, e), cfg.num_heads * cfg.head_dim, cfg.dtype,
                  name="attn_vec_einsum")("bnNh,Nhe->bne", out)
     return out, keys, values

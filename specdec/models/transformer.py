@@ -120,11 +120,10 @@ class SelfAttention(nn.Module):
     query = project(name="query")(x) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
     key, value = project(name="key")(x), project(name="value")(x)              # [B, n, H, D]
     if cached is None:
-      keys, values, layout = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3), "heads"    # [B, H, n, D]
+      keys, values = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)                      # [B, H, n, D]
+      out = base.attend(query, keys, values, mask)
     else:
-      keys, values, slots, layout = cached
-      keys, values = base.write_slots(keys, key, slots, layout), base.write_slots(values, value, slots, layout)
-    out = base.attend(query, keys, values, mask, layout=layout)
+      out, keys, values = base.attend_and_write(query, key, value, cached, mask)
     out = nn.DenseGeneral(features=cfg.embed_dim, axis=(-2, -1), use_bias=False, kernel_init=_KERNEL_INIT,
                           dtype=cfg.dtype, name="out")(out)
     return (out, None, None) if cached is None else (out, keys, values)

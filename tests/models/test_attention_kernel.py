@@ -148,3 +148,33 @@ def test_every_model_decodes_the_same_tokens_from_a_slot_major_cache(family):
   np.testing.assert_array_equal(slots.tokens, heads.tokens)
   np.testing.assert_array_equal(slots.stats.accepted, heads.stats.accepted)
   assert 0 < int(np.sum(heads.stats.accepted)) < int(np.sum(heads.stats.drafted))   # some drafts rejected
+
+
+@pytest.mark.parametrize("b, n, k, g, c, d, bias_rows, soft_cap", CASES + [(1, 3, 2, 3, 12, 32, 1, None)])
+@pytest.mark.parametrize("overhang", [False, True])
+def test_attend_and_write_is_attend_over_the_written_cache(b, n, k, g, c, d, bias_rows, soft_cap, overhang):
+  """`base.attend_and_write` (the "heads" layout: the old cache and the new entries apart, then the write; at batch 1
+  one dynamic_update_slice) writes exactly the entries `write_slots` defines — dropped beyond C where a row's slots
+  overhang the cache — and attends within float32's rounding bound of the exact attention over the written cache."""
+  rng = np.random.default_rng(7 * c + d + n)
+  keys, values = (jnp.asarray(rng.normal(size=(b, k, c, d)), jnp.float32) for _ in range(2))
+  key, value = (jnp.asarray(rng.normal(size=(b, n, k, d)), jnp.float32) for _ in range(2))
+  query = jnp.asarray(rng.normal(size=(b, n, k * g, d)) * 0.3, jnp.float32)
+  lengths = rng.integers(c - n + 1, c, size=b) if overhang else rng.integers(0, c - n + 1, size=b)
+  slots = jnp.asarray(lengths[:, None] + np.arange(n), jnp.int32)
+  visible = jnp.asarray(rng.random((b, n, c)) < 0.6).at[:, :, 0].set(True)
+  bias = jnp.asarray(rng.normal(size=(bias_rows, k * g, n, c)), jnp.float32) if bias_rows else None
+  want_keys, want_values = np.array(keys), np.array(values)
+  for row in range(b):
+    for j in range(n):
+      if lengths[row] + j < c:
+        want_keys[row, :, lengths[row] + j] = np.asarray(key)[row, j]
+        want_values[row, :, lengths[row] + j] = np.asarray(value)[row, j]
+  attend_and_write = jax.jit(lambda *args: base.attend_and_write(*args[:3], (*args[3:6], "heads"), args[6], bias=bias,
+                                                                  soft_cap=soft_cap))
+  out, written_keys, written_values = attend_and_write(query, key, value, keys, values, slots, visible)
+  np.testing.assert_array_equal(written_keys, want_keys)
+  np.testing.assert_array_equal(written_values, want_values)
+  exact, bound = _exact_attention(query, want_keys, want_values, visible, bias, soft_cap)
+  excess = np.abs(np.asarray(out, np.float64) - exact) - bound
+  assert np.all(excess <= 0), f"{np.max(excess):.3g} beyond float32's bound"
