@@ -144,6 +144,7 @@ def attend_and_write(query: Array, key: Array, value: Array, cached: tuple[Array
     return attend(query, *written, visible, layout=layout, bias=bias, soft_cap=soft_cap), *written
   b, n = slots.shape
   cache_length = keys.shape[2]
+  visible = jnp.broadcast_to(visible, (b, n, cache_length))
   is_new = jnp.any(jnp.arange(cache_length, dtype=slots.dtype)[None, None, :] == slots[:, :, None], axis=1)
   at_slots = jnp.broadcast_to(jnp.clip(slots, 0, cache_length - 1)[:, None, :], (b, n, n))
   new_visible = jnp.take_along_axis(visible, at_slots, axis=2) & (slots < cache_length)[:, None, :]   # [B, n, n]

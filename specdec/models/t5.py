@@ -188,6 +188,14 @@ class Attention(nn.Module):
     out = base.attend(self._heads(self.query(x)), keys, values, visible, layout=layout, bias=bias)
     return self.out(out.reshape(*out.shape[:-2], -1))
 
+  def attend_and_write(self, x: Array, key: Array, value: Array, cached: tuple[Array, Array, Array, str],
+                       bias: Array, visible: Array) -> tuple[Array, Array, Array]:
+    """The queries of x [B, n, E] over a cache with the new tokens' keys, values [B, n, H, D] written at its slots
+    (cached = (keys, values, slots, layout), `base.attend_and_write`); returns [B, n, E] and the written keys,
+    values."""
+    out, keys, values = base.attend_and_write(self._heads(self.query(x)), key, value, cached, visible, bias=bias)
+    return self.out(out.reshape(*out.shape[:-2], -1)), keys, values
+
 
 class GatedMlp(nn.Module):
   """T5 v1.1's MLP: wo(gelu(wi_0 x) · wi_1 x), GELU's tanh approximation."""
@@ -256,12 +264,11 @@ class DecoderLayer(nn.Module):
     h = self.pre_self_attention_layer_norm(y)
     keys, values = self.self_attention.keys_values(h)                      # [B, n, H, D]
     if cached is None:
-      keys, values, layout = _head_major(keys), _head_major(values), "heads"
+      keys, values = _head_major(keys), _head_major(values)
+      y = y + self.self_attention(h, keys, values, bias, visible)
     else:
-      cache_keys, cache_values, slots, layout = cached
-      keys, values = (base.write_slots(cache_keys, keys, slots, layout),
-                      base.write_slots(cache_values, values, slots, layout))
-    y = y + self.self_attention(h, keys, values, bias, visible, layout)
+      attended, keys, values = self.self_attention.attend_and_write(h, keys, values, cached, bias, visible)
+      y = y + attended
     y = y + self.encoder_decoder_attention(self.pre_cross_attention_layer_norm(y), *cross[:2], None, cross[2])
     return y + self.mlp(self.pre_mlp_layer_norm(y)), keys, values
 

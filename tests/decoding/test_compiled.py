@@ -45,7 +45,7 @@ def test_compiled_generate_copies_no_cache_sized_buffer(preset, method, params, 
   assert cache_sized_moves(hlo, smallest) == []
 
 
-@pytest.mark.parametrize("preset", ["tiny", "llama_tiny"])
+@pytest.mark.parametrize("preset", ["tiny", "llama_tiny", "t5_tiny"])
 @pytest.mark.parametrize("method,params", [("autoregressive", {}), ("speculative", dict(gamma=2))])
 def test_at_batch_1_the_decode_loop_updates_the_caches_in_place(preset, method, params):
   """Batch 1, the latency case, on this CPU: each layer's keys and values are read before the step's new entries
