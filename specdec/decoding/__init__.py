@@ -225,19 +225,19 @@ def _decode(key, drafter, verifier, prompts, prompt_lengths, row_ids, sampling, 
 # each weight and cache entry once per call does not win back (experiments/tpu_v4_plan). Chips without
 # CMEM (v5e) ignore it.
 TPU_COMPILER_OPTIONS = {"xla_tpu_cmem_memory_space_assignment": False}
-# XLA options of the decode programs built for CPU: copy insertion that reads the loop's regions, which sees that
-# a decode step's caches are read before they are written (`base.attend_and_write`) and updates them in place;
-# without it XLA:CPU copied every layer's keys and values at every step (2.4 of SmolLM2's 32.5 ms per token).
+# XLA options of the decode programs built for CPU (a GPU compiler ignores them): copy insertion that reads the
+# loop's regions, which sees that a decode step's caches are read before they are written (`base.attend_and_write`)
+# and updates them in place; without it XLA:CPU copied every layer's keys and values at every step (2.4 of
+# SmolLM2's 32.5 ms per token).
 CPU_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 _STATIC = ("method", "static", "max_new_tokens", "eos_id", "cache_length", "mesh", "program")
-_generate = jax.jit(_decode, static_argnames=_STATIC)
-_generate_cpu = jax.jit(_decode, static_argnames=_STATIC, compiler_options=CPU_COMPILER_OPTIONS)
+_generate = jax.jit(_decode, static_argnames=_STATIC, compiler_options=CPU_COMPILER_OPTIONS)
 _generate_tpu = jax.jit(_decode, static_argnames=_STATIC, compiler_options=TPU_COMPILER_OPTIONS)
 
 
 def _program(program: common.Program) -> Any:
   """The jitted decode loop for programs built for `program`'s platform."""
-  return {"tpu": _generate_tpu, "cpu": _generate_cpu}.get(program.platform, _generate)
+  return _generate_tpu if program.platform == "tpu" else _generate
 
 
 # The method list of `generate`'s docstring, from the registry (no docstrings under python -OO).

@@ -353,6 +353,32 @@ def test_with_a_draft_vocabulary_the_beams_are_the_k_best_paths_among_its_tokens
   np.testing.assert_array_equal(drafts.tokens[0], np.array([path for path, _ in beams]))
 
 
+@pytest.mark.parametrize("rule", [r for r in targets.RULES if r != "lossy"])
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 0.0])
+def test_with_a_draft_vocabulary_every_rules_one_step_law_is_its_target(rule, temperature):
+  """Exact enumeration over V = 6 with a draft vocabulary of k = 3: q and q_raw are the head's softmax over those
+  tokens placed at their ids, 0 elsewhere (`FeatureDrafter.to_vocabulary`); for every target rule the law of one
+  draft-and-verify step, q·min(1, π/q) + P(reject)·residual, is π — the tokens outside the draft vocabulary
+  included, which only the residual emits."""
+  rng = np.random.default_rng(len(rule) * 31 + int(10 * temperature))
+  ids = np.array([0, 2, 5])
+  head_logits = jnp.asarray(rng.normal(size=(16, 3)) * 2, jnp.float32)
+  verifier_logits = jnp.asarray(rng.normal(size=(16, 6)) * 2, jnp.float32)
+  placed = lambda x: jnp.zeros((16, 6), jnp.float32).at[:, ids].set(x)  # noqa: E731
+  q, q_raw = placed(sampling.transform(head_logits, temperature)), placed(jax.nn.softmax(head_logits))
+  p, p_raw = sampling.transform(verifier_logits, temperature), jax.nn.softmax(verifier_logits)
+  alpha = {"chow_log": 0.7, "diff_log": 0.2, "opt_log": 0.5, "bild": 1.3}.get(rule, 0.3)
+  pi = targets.target_distribution(rule, q=q, p=p, q_raw=q_raw, p_raw=p_raw, alpha=alpha)
+  accept = verify.acceptance_probability(q, pi)
+  residual = verify.residual(pi, q)
+  law = q * accept + (1.0 - jnp.sum(q * accept, -1, keepdims=True)) * residual / jnp.sum(residual, -1, keepdims=True)
+  np.testing.assert_allclose(law, pi, atol=1e-6)
+  outside = np.setdiff1d(np.arange(6), ids)
+  assert np.all(np.asarray(q)[:, outside] == 0)
+  if rule == "spec" and temperature > 0:   # the verifier's own law reaches the tokens the head never drafts
+    assert np.all(np.asarray(law)[:, outside] > 0)
+
+
 def test_with_a_draft_vocabulary_the_output_law_is_the_verifiers():
   """k = 2 of V = 4 tokens: the verifier emits the other two only through its residual and bonus draws, and the
   law of the 3 tokens is still its own (chi-square against enumeration, 100k rows)."""
