@@ -153,7 +153,8 @@ class Drafter:
 
   def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
               keep_drafting: Callable[[Array], Array] | None = None, beam: BeamSearch | None = None) -> Draft:
-    """Up to `max_drafts` drafts after `last` [B]; `keep_drafting(q_raw_j) -> [B]` may stop rows early;
+    """Up to `max_drafts` drafts after `last` [B]; `keep_drafting(q_raw_j) -> [B]` may stop rows early (q_raw_j
+    [B, V], or [B, k] over a feature drafter's draft vocabulary);
     `beam` (drafters that `keeps_copies`): the copies draft as beams, not samples."""
     raise NotImplementedError
 

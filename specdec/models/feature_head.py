@@ -153,7 +153,8 @@ class FeatureHead:
 
 
 # Digests by the output table they were taken of (id → (weak reference, digest)): hashing SmolLM2's 113 MB table
-# took 63 ms, paid by every decode that checks its pair. An array never changes, and an entry goes with its array.
+# took 63 ms, paid by every decode that checks its pair. A jax array never changes (a NumPy one can: not kept), and
+# an entry goes with its array.
 _FINGERPRINTS: dict[int, tuple[weakref.ref, str]] = {}
 
 
@@ -167,11 +168,9 @@ def verifier_fingerprint(verifier) -> str:
   values = np.asarray(jax.device_get(table), np.float32)
   digest = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()[:16]
   fingerprint = f"{values.shape[0]}x{values.shape[1]}:{digest}"
-  try:
+  if isinstance(table, jax.Array):
     _FINGERPRINTS[id(table)] = (weakref.ref(table, lambda _, key=id(table): _FINGERPRINTS.pop(key, None)),
                                 fingerprint)
-  except TypeError:   # an object without weak references: digested at every call
-    pass
   return fingerprint
 
 
