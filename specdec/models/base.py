@@ -185,12 +185,15 @@ def _attend_head_major(query: Array, parts: list[tuple[Array, Array, Array, Arra
     # A finite minimum, not −inf: exp gives exactly 0 and a fully masked row cannot produce NaN.
     scores.append(jnp.where(jnp.moveaxis(visible, 1, 2)[:, None, :, None], part, jnp.finfo(jnp.float32).min))
   weights = jax.nn.softmax(jnp.concatenate(scores, axis=2), axis=2)
+  # Each part's weighted sum in float32 and the output rounded once to the values' dtype (bfloat16 caches).
   attended, start = 0.0, 0
   for _, values, _, _ in parts:
     size = values.shape[2]
     part = weights[:, :, start:start + size].astype(values.dtype).reshape(b, k, size, g * n)
-    attended = attended + jax.lax.dot_general(part, values, (((2,), (2,)), ((0, 1), (0, 1))))   # [B, K, G·n, D]
+    attended = attended + jax.lax.dot_general(part, values, (((2,), (2,)), ((0, 1), (0, 1))),
+                                              preferred_element_type=jnp.float32)               # [B, K, G·n, D]
     start += size
+  attended = attended.astype(parts[0][1].dtype)
   return jnp.moveaxis(attended.reshape(b, k, g, n, d), 3, 1).reshape(b, n, h, d)
 
 
