@@ -155,11 +155,8 @@ def attend_and_write(query: Array, key: Array, value: Array, cached: tuple[Array
   parts = [(keys, values, visible & ~is_new[:, None, :], bias),
            (key.transpose(0, 2, 1, 3).astype(keys.dtype), value.transpose(0, 2, 1, 3).astype(values.dtype),
             new_visible, new_bias)]
-  out = _attend_head_major(query, parts, soft_cap)
-  # The writes after every read of the old cache (a barrier ties them to the attention's output): where the
-  # order was free, XLA:CPU wrote first and kept the old cache for the reads in a copy.
-  out, keys, values = jax.lax.optimization_barrier((out, keys, values))
-  return out, write_slots(keys, key, slots, layout), write_slots(values, value, slots, layout)
+  return (_attend_head_major(query, parts, soft_cap), write_slots(keys, key, slots, layout),
+          write_slots(values, value, slots, layout))
 
 
 def _attend_head_major(query: Array, parts: list[tuple[Array, Array, Array, Array | None]],
