@@ -49,6 +49,7 @@ REGRESSION_WEIGHT, CLASSIFICATION_WEIGHT, NOISE = 1.0, 0.1, 0.1
 # the earlier ones were accepted).
 UNROLL_DECAY = 0.8
 EVAL_UNROLL = 3   # held-out agreement is reported for the head's first three drafts
+EVAL_EVERY = 200  # the recipe's held-out curve: the first draft's agreement every this many steps
 
 
 def _smooth_l1(x: Array) -> Array:
@@ -127,13 +128,15 @@ def evaluate(head: FeatureHead, verifier: Any, batches, unroll: int = 1) -> dict
 def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int, learning_rate: float = 1e-3,
           warmup_steps: int = 100, seed: int = 0, num_heads: int = 4, noise: float = NOISE,
           draft_ids: Any = None, unroll: int = 1, checkpoint_dir: str | None = None, save_every: int = 200,
-          log_every: int = 100,
+          log_every: int = 100, held_out: list[dict[str, np.ndarray]] | None = None, eval_every: int = 0,
           log=print) -> tuple[FeatureHead, dict[str, Any]]:
   """A head for `verifier` trained `steps` AdamW steps on `batches` ({'inputs', 'weights'} rows, and the
   verifier's cached 'features' where a `feature_cache` gives them), drafting among `draft_ids` (a draft
   vocabulary; None: all tokens); returns it and its training record (settings, the last logged metrics,
   seconds). With `checkpoint_dir` the state is saved every `save_every` steps and a run resumes from the latest
-  checkpoint there (the batches it had used skipped)."""
+  checkpoint there (the batches it had used skipped). With `held_out` batches and `eval_every` > 0 the head's
+  top-1 agreement on them is logged every `eval_every` steps, and the record keeps that curve ('held_out_curve':
+  [step, agreement] pairs, from this run's first step; the final head is returned whatever the curve)."""
   if steps < 1:
     raise ValueError(f"steps must be >= 1; got {steps}")
   key = jax.random.PRNGKey(seed)
@@ -153,7 +156,7 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
       for _ in range(first):
         next(batches)
     checkpoints = checkpoint.Checkpointer(checkpoint_dir, metadata=metadata, save_every=save_every, keep=1)
-  start, metrics = time.monotonic(), {}
+  start, metrics, curve = time.monotonic(), {}, []
   try:   # a Ctrl-C still lets the save under way finish, so that a rerun resumes from it
     for step in range(first, steps):
       batch = next(batches)
@@ -165,6 +168,10 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
             f"{metrics['classification']:.4f} top-1 agreement {metrics['top1_agreement']:.3f}"
             + "".join(f", draft {r} {metrics[f'top1_agreement_{r}']:.3f}" for r in range(2, unroll + 1))
             + f" ({time.monotonic() - start:.0f} s)")
+      if held_out and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
+        agreement = evaluate(head.replace(params=state.params), verifier, held_out)["top1_agreement"]
+        curve.append([step + 1, agreement])
+        log(f"step {step + 1}/{steps}: held-out top-1 agreement {agreement:.3f}")
       if checkpoints is not None:
         checkpoints.save(step + 1, state, data_offset=step + 1, force=step + 1 == steps)
   finally:
@@ -174,7 +181,7 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
             "unroll": unroll, "draft_vocabulary": None if draft_ids is None else len(draft_ids),
             "noise": noise, "regression_weight": REGRESSION_WEIGHT,
             "classification_weight": CLASSIFICATION_WEIGHT, "last_metrics": metrics,
-            "seconds": time.monotonic() - start}
+            "held_out_curve": curve, "seconds": time.monotonic() - start}
   return head.replace(params=state.params), record
 
 
@@ -233,7 +240,8 @@ def saved_draft_vocabulary(directory: str) -> int:
 def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,
                    learning_rate: float = 1e-3, seed: int = 0, eval_batches: int = 20, source: str = "auto",
                    data: str = "debian", prompts: int = 2000, max_new_tokens: int = 192, draft_vocabulary_size: int = 0,
-                   unroll: int = 1, work_dir: str | None = None, command: str = "", log=print) -> str:
+                   unroll: int = 1, work_dir: str | None = None, corpus: str = "", command: str = "",
+                   log=print) -> str:
   """The recipe: a head for the verifier `verifier` (`loading.load_model`: an export, a GGUF file, smollm2), trained
   `steps` steps and written to `out`/feature_head/ with its training record (settings, losses, top-1 agreement with
   the verifier on `eval_batches` held-out batches, seconds, `command`). Returns the head's path.
@@ -243,12 +251,15 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   `prompts` chat prompts of many kinds answered by the verifier itself (`self_distill`, up to `max_new_tokens`
   each), its features computed once and cached (`feature_cache`), all in `work_dir` (default out/self_distilled;
   every stage, training included, resumes where an interrupted run stopped); the last 5 % of the rows are held out.
+  `corpus`: a folder of prompts and answers written before (`self_distill.export_corpus`; a path, or a name under
+  the shipped data/self_distilled/) that a fresh `work_dir` starts from.
   `draft_vocabulary_size` k > 0: the head drafts among the k most frequent tokens of its training text, EOS and the
   vocabulary's special tokens (`draft_vocabulary`). `unroll` > 1: EAGLE-3's training-time test over that many
   drafts (`losses`); the held-out record gives the agreement of the first EVAL_UNROLL drafts either way."""
   from specdec.data import load_vocabulary
   from specdec.training import feature_cache, self_distill
   from specdec.data.pretrained import resolve
+  from specdec.data.shipped import find
   from specdec.training.loading import load_model
   start = time.monotonic()
   model = load_model(verifier)
@@ -270,9 +281,11 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
     work_dir = work_dir or os.path.join(out, "self_distilled")
     vocab_path = resolve(verifier)
     vocab = load_vocabulary(vocab_path)
+    if corpus:
+      log(f"corpus: {self_distill.seed_from(find(corpus, 'data/self_distilled'), work_dir)} answers in {work_dir}")
     self_distill.write_prompts(work_dir, model, vocab, n=prompts, seed=seed, source=source, log=log)
-    responses = self_distill.write_responses(work_dir, model, vocab, max_new_tokens=max_new_tokens, seed=seed,
-                                             log=log)
+    responses = self_distill.write_responses(work_dir, model, vocab, n=prompts, max_new_tokens=max_new_tokens,
+                                             seed=seed, log=log)
     shards = feature_cache.load_shards(feature_cache.write_features(work_dir, model, responses, log=log))
     rows = [(s, r) for s, shard in enumerate(shards) for r in range(shard["tokens"].shape[0])]
     cut = len(rows) - max(1, len(rows) // 20)
@@ -288,10 +301,11 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   if draft_vocabulary_size:
     draft_ids = draft_vocabulary(counts[:model.vocab_size], draft_vocabulary_size, always=vocab.special_ids)
   head, record = train(model, batches, steps=steps, learning_rate=learning_rate, seed=seed, draft_ids=draft_ids,
-                       unroll=unroll, checkpoint_dir=checkpoint_dir, log=log)
+                       unroll=unroll, checkpoint_dir=checkpoint_dir, held_out=held_out, eval_every=EVAL_EVERY,
+                       log=log)
   record["validation"] = evaluate(head, model, held_out, unroll=max(unroll, EVAL_UNROLL))
   record.update(verifier=os.path.normpath(verifier), data=data, batch_size=batch_size, seq_len=seq_len,
-                prompts=prompts if data == "self_distilled" else None, command=command,
+                prompts=prompts if data == "self_distilled" else None, corpus=corpus or None, command=command,
                 backend=jax.default_backend(), wall_seconds=time.monotonic() - start)
   path = save_head(out, head, record)
   log(f"validation: {json.dumps(record['validation'])} -> {path}")

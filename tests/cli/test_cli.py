@@ -411,6 +411,18 @@ def test_sweep_and_train_find_the_shipped_configs_from_another_directory_without
   assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
 
 
+@pytest.mark.parametrize("name", ["smollm2_eagle", "debian_feature_head", "tiny_feature_head"])
+def test_the_feature_head_configs_bind_the_recipes_parameters(name):
+  import gin
+  from specdec.cli import train
+  gin.clear_config()
+  try:
+    train.parse_gin([f"configs/train/{name}.gin"], [])   # a binding of a parameter the recipe lacks raises
+    assert gin.query_parameter("specdec_train.recipe") == "feature_head"
+  finally:
+    gin.clear_config()
+
+
 def test_the_quickstart_installs_only_what_it_runs():
   """No test extra (TensorFlow, torch, transformers, seqio: 4.3 GB) for `make quickstart`."""
   makefile = (REPO_ROOT / "Makefile").read_text()

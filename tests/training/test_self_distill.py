@@ -42,25 +42,40 @@ def verifier():
 def _run(out, verifier, n=12):
   self_distill.write_prompts(str(out), verifier, CharVocabulary(), n=n, batch_size=4, source="sample",
                              self_written_tokens=8, log=lambda _: None)
-  return self_distill.write_responses(str(out), verifier, CharVocabulary(), batch_size=4, max_new_tokens=8,
+  return self_distill.write_responses(str(out), verifier, CharVocabulary(), n=n, batch_size=4, max_new_tokens=8,
                                       log=lambda _: None)
 
 
 def test_prompts_of_every_kind_are_answered_and_an_interrupted_run_resumes(tmp_path, verifier):
-  whole = _run(tmp_path / "whole", verifier, n=len(self_distill.KINDS) + 3)
+  whole = _run(tmp_path / "whole", verifier, n=len(self_distill.MIX) + 3)
   kinds = [r["kind"] for r in whole]
   assert set(kinds) == set(self_distill.KINDS) and [r["id"] for r in whole] == list(range(len(whole)))
   assert {r["temperature"] for r in whole} == {0.0, 1.0}
   assert all(r["response_ids"] and CharVocabulary.eos_id not in r["response_ids"] for r in whole)
   # Interrupted: the responses file holds one whole batch and half a line of the next.
   cut = tmp_path / "cut"
-  _run(cut, verifier, n=len(self_distill.KINDS) + 3)
+  _run(cut, verifier, n=len(self_distill.MIX) + 3)
   lines = (cut / self_distill.RESPONSES).read_text().splitlines(keepends=True)
   (cut / self_distill.RESPONSES).write_text("".join(lines[:4]) + lines[4][:10])
   resumed = self_distill.write_responses(str(cut), verifier, CharVocabulary(), batch_size=4, max_new_tokens=8,
                                          log=lambda _: None)
   assert resumed == whole
   assert [json.loads(line) for line in (cut / self_distill.RESPONSES).read_text().splitlines()] == whole
+
+
+def test_a_corpus_seeds_a_fresh_run_which_goes_on_after_it(tmp_path, verifier):
+  whole = _run(tmp_path / "whole", verifier, n=12)
+  _run(tmp_path / "first", verifier, n=8)
+  corpus = tmp_path / "corpus"
+  assert self_distill.export_corpus(str(tmp_path / "first"), str(corpus)) == [
+      str(corpus / (self_distill.PROMPTS + ".gz")), str(corpus / (self_distill.RESPONSES + ".gz"))]
+  assert self_distill.seed_from(str(corpus), str(tmp_path / "second")) == 8
+  assert _run(tmp_path / "second", verifier, n=12) == whole   # the corpus' 8, then 4 more as a whole run writes
+  assert _run(tmp_path / "second", verifier, n=5) == whole[:5]
+  assert self_distill.seed_from(str(corpus), str(tmp_path / "second")) == 12   # a run under way is left as it is
+  with pytest.raises(FileNotFoundError, match="responses.jsonl.gz"):
+    os.remove(corpus / (self_distill.RESPONSES + ".gz"))
+    self_distill.seed_from(str(corpus), str(tmp_path / "third"))
 
 
 def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
@@ -98,8 +113,11 @@ def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
   assert unrolled["regression"] > cached["regression"] and 0 <= unrolled["top1_agreement_2"] <= cached["tokens"]
   before = feature_head.evaluate(head, verifier, [batch])
   trained, record = feature_head.train(verifier, batches, steps=60, learning_rate=3e-3, warmup_steps=5,
-                                       draft_ids=np.arange(0, V, 2), unroll=2, log_every=1000, log=lambda _: None)
+                                       draft_ids=np.arange(0, V, 2), unroll=2, log_every=1000, held_out=[batch],
+                                       eval_every=25, log=lambda _: None)
   after = feature_head.evaluate(trained, verifier, [batch])
+  assert [step for step, _ in record["held_out_curve"]] == [25, 50, 60]
+  assert record["held_out_curve"][-1][1] == pytest.approx(after["top1_agreement"])
   assert record["draft_vocabulary"] == V // 2 and record["unroll"] == 2 and trained.draft_ids.shape == (V // 2,)
   assert after["classification"] < before["classification"] and after["regression"] < before["regression"]
 
