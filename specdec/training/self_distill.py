@@ -145,7 +145,8 @@ def write_prompts(out: str, verifier: Any, vocab: Any, *, n: int = 2000, seed: i
                   batch_size: int = 16, self_written_tokens: int = 48, log: Callable[[str], None] = print) -> list[dict]:
   """`n` prompts in out/prompts.jsonl (resumed where a run stopped): the kinds of `MIX` in turn, the templated
   ones drawn with `seed` from the seeds and the Debian packages of `source`'s train split, the self-written ones
-  sampled from `verifier` at SELF_WRITTEN_TEMPERATURE. Returns the first `n`."""
+  sampled from `verifier` at SELF_WRITTEN_TEMPERATURE. Returns the first `n`. ValueError if the prompts already
+  there are not the ones these settings draw (a resumed run must go on with the data it started with)."""
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, PROMPTS)
   records = _done(path)
@@ -155,6 +156,11 @@ def write_prompts(out: str, verifier: Any, vocab: Any, *, n: int = 2000, seed: i
   # Every templated text is drawn whatever was resumed, so that a resumed run writes what an uninterrupted one would.
   texts = [None if kind == SELF_WRITTEN else templated_prompt(kind, rng, seeds, packages) for kind in kinds]
   topics = [rng.choice(seeds["topics"]) for _ in kinds]
+  for record, kind, text in zip(records, kinds, texts):   # what is resumed must be what these seeds draw
+    if record["kind"] != kind or (text is not None and record["text"] != text):
+      raise ValueError(f"{path}: prompt {record['id']} is not the one seed {seed}, source {source!r} and "
+                       f"data/prompts/seeds.json draw ({kind}: {text!r}); it was written with other settings: "
+                       "give another out directory")
   pending = list(range(len(records), n))
   for batch_index, rows in enumerate(_batches(pending, batch_size)):
     asks = [f"Write one question that a curious person might ask an AI assistant about {topics[i]}. Write only the "

@@ -78,6 +78,31 @@ def test_a_corpus_seeds_a_fresh_run_which_goes_on_after_it(tmp_path, verifier):
     self_distill.seed_from(str(corpus), str(tmp_path / "third"))
 
 
+def test_the_shipped_corpus_is_what_the_recipe_draws_and_other_seeds_are_refused(tmp_path, monkeypatch):
+  import gin
+  from specdec.cli import train
+  from specdec.data import shipped
+  gin.clear_config()
+  try:
+    train.parse_gin(["configs/train/smollm2_eagle.gin"], [])
+    settings = {name: gin.query_parameter(f"train_feature_head.{name}") for name in ("corpus", "source", "prompts")}
+  finally:
+    gin.clear_config()
+  out = str(tmp_path / "seeded")
+  answered = self_distill.seed_from(str(shipped.path("data", "self_distilled", settings["corpus"])), out)
+  assert answered >= settings["prompts"]   # the recipe's answers are all shipped: it writes none
+  # No prompt is left to write, so no verifier is called; the corpus' templated prompts are the ones drawn here.
+  prompts = self_distill.write_prompts(out, None, None, n=answered, source=settings["source"], log=lambda _: None)
+  responses = [json.loads(line) for line in open(os.path.join(out, self_distill.RESPONSES))]
+  assert [p["id"] for p in prompts] == [r["id"] for r in responses] == list(range(answered))
+  assert all(r["response_ids"] and r["kind"] == p["kind"] for p, r in zip(prompts, responses))
+  seeds = self_distill._seeds()
+  seeds["concepts"] = seeds["concepts"][::-1]
+  monkeypatch.setattr(self_distill, "_seeds", lambda: seeds)
+  with pytest.raises(ValueError, match="prompt 4 is not the one seed 0"):   # prompt 4: the first explanation
+    self_distill.write_prompts(out, None, None, n=answered, source=settings["source"], log=lambda _: None)
+
+
 def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
   responses = _run(tmp_path, verifier, n=16)
   paths = feature_cache.write_features(str(tmp_path), verifier, responses, max_length=256, batch_size=4,
