@@ -261,6 +261,8 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   from specdec.data.pretrained import resolve
   from specdec.data.shipped import find
   from specdec.training.loading import load_model
+  if corpus and data != "self_distilled":
+    raise ValueError(f"corpus {corpus!r} seeds self-distilled data only; data is {data!r}")
   start = time.monotonic()
   model = load_model(verifier)
   if os.path.exists(os.path.join(os.path.abspath(out), HEAD_DIRECTORY)):

@@ -129,9 +129,13 @@ def _done(path: str) -> list[dict]:
   return [json.loads(line) for line in whole.decode("utf-8").splitlines()]
 
 
+def _jsonl(records: Sequence[dict]) -> str:
+  return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+
+
 def _append(path: str, records: Sequence[dict]) -> None:
   with open(path, "a", encoding="utf-8") as f:
-    f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    f.write(_jsonl(records))
     f.flush()
     os.fsync(f.fileno())
 
@@ -210,7 +214,7 @@ def export_corpus(out: str, corpus: str) -> list[str]:
     path = os.path.join(corpus, name + ".gz")
     partial = path + ".partial"
     with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as f:
-      f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+      f.write(_jsonl(records))
     os.replace(partial, path)
     paths.append(path)
   return paths

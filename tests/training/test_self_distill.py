@@ -73,9 +73,11 @@ def test_a_corpus_seeds_a_fresh_run_which_goes_on_after_it(tmp_path, verifier):
   assert _run(tmp_path / "second", verifier, n=12) == whole   # the corpus' 8, then 4 more as a whole run writes
   assert _run(tmp_path / "second", verifier, n=5) == whole[:5]
   assert self_distill.seed_from(str(corpus), str(tmp_path / "second")) == 12   # a run under way is left as it is
+  os.remove(corpus / (self_distill.RESPONSES + ".gz"))
   with pytest.raises(FileNotFoundError, match="responses.jsonl.gz"):
-    os.remove(corpus / (self_distill.RESPONSES + ".gz"))
     self_distill.seed_from(str(corpus), str(tmp_path / "third"))
+  with pytest.raises(ValueError, match="corpus 'smollm2' seeds self-distilled data only; data is 'debian'"):
+    feature_head.train_and_save(verifier="no-such-model", out=str(tmp_path / "head"), data="debian", corpus="smollm2")
 
 
 def test_the_shipped_corpus_is_what_the_recipe_draws_and_other_seeds_are_refused(tmp_path, monkeypatch):
