@@ -58,14 +58,20 @@ def _smooth_l1(x: Array) -> Array:
 
 
 def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights: Array, key: Array | None,
-           noise: float, features: Array | None = None, unroll: int = 1) -> dict[str, Array]:
+           noise: float, features: Array | None = None, unroll: int = 1, per_position: bool = False
+           ) -> dict[str, Array]:
   """Weighted sums over positions 1 … L−1 of rows inputs [B, L] (weights [B, L]: 1 on real tokens): the
   regression and classification losses, the head's top-1 agreement with the verifier, and the count.
   `features` [B, L, E]: the verifier's, cached (`feature_cache`); None: computed here. With a draft vocabulary
   (`head.draft_ids`) both distributions are over its tokens (the verifier's renormalised to them): the q the
   head drafts from. `unroll` s > 1: EAGLE-3's training-time test (`FeatureHead.predict_unrolled`), pass r's
   losses weighted UNROLL_DECAY^(r−1) and its agreement as top1_agreement_r (the head's r-th draft reading its own
-  earlier ones; pass 1 is EAGLE's loss)."""
+  earlier ones; pass 1 is EAGLE's loss). chain_accepted_r: the positions u from which a greedy block would accept
+  its first r drafts (the head's argmax equals the verifier's at u, …, u + r − 1, pass r at u + r − 1 being draft
+  r of the block whose pending token is x_{u+1}, as `decoding.feature_drafter` drafts it), so that on the
+  verifier's greedy text 1 + Σ_{r ≤ γ} chain_accepted_r / tokens is the tokens per call at γ of blocks starting at
+  uniformly drawn positions (a decode's blocks start where the last one stopped: `accepted_lengths` replays them).
+  `per_position`: also 'accepted_lengths' [B, L−1], at u the drafts (≤ `unroll`) the block from u accepts."""
   if features is None:
     _, features = verifier.logits(inputs, return_hidden=True)
   features = jax.lax.stop_gradient(features.astype(jnp.float32))
@@ -80,6 +86,8 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
   target_probabilities = jax.nn.softmax(target_logits)
   mask = weights[:, 1:] * weights[:, :-1]
   sums = {"regression": 0.0, "classification": 0.0}
+  chain = mask > 0   # [B, L−1] at u: the chain from u so far accepted (draft r of it is pass r at u + r − 1)
+  accepted = jnp.zeros(mask.shape, jnp.int32)
   for step in range(unroll):
     predicted = passes[step]
     step_mask = mask * (jnp.arange(mask.shape[1]) >= step)
@@ -89,9 +97,20 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
     classification = -jnp.sum(target_probabilities * jax.nn.log_softmax(predicted_logits), axis=-1)
     sums["regression"] += weight * jnp.sum(regression * step_mask)
     sums["classification"] += weight * jnp.sum(classification * step_mask)
-    agree = jnp.sum((jnp.argmax(predicted_logits, -1) == target_top1) * step_mask)
-    sums["top1_agreement" if step == 0 else f"top1_agreement_{step + 1}"] = agree
-  return sums | {"tokens": jnp.sum(mask)}
+    match = jnp.argmax(predicted_logits, -1) == target_top1
+    sums["top1_agreement" if step == 0 else f"top1_agreement_{step + 1}"] = jnp.sum(match * step_mask)
+    chain &= jnp.pad(match & (mask > 0), ((0, 0), (0, step)))[:, step:]
+    sums[f"chain_accepted_{step + 1}"] = jnp.sum(chain)
+    accepted += chain
+  return sums | {"tokens": jnp.sum(mask)} | ({"accepted_lengths": accepted} if per_position else {})
+
+
+@functools.partial(jax.jit, static_argnames=("gamma",))
+def accepted_lengths(head: FeatureHead, verifier: Any, inputs: Array, weights: Array, gamma: int) -> Array:
+  """[B, L−1] int32: at u, how many of its γ drafts a greedy block whose pending token is x_{u+1} accepts, on the
+  verifier's greedy text inputs [B, L] (`losses`' chains; 0 where weights mark no pair)."""
+  return losses(head.params, head, verifier, inputs, weights, None, 0.0, unroll=gamma,
+                per_position=True)["accepted_lengths"]
 
 
 @functools.partial(jax.jit, donate_argnums=0, static_argnames=("noise", "unroll"))
@@ -116,7 +135,8 @@ def eval_sums(params: Any, head: FeatureHead, verifier: Any, batch: dict[str, Ar
 
 def evaluate(head: FeatureHead, verifier: Any, batches, unroll: int = 1) -> dict[str, float]:
   """Per-token regression and classification losses and top-1 agreement over `batches` (with `unroll` > 1 also
-  the agreement of the head's r-th draft on its own earlier ones, top1_agreement_r: `losses`)."""
+  the agreement of the head's r-th draft on its own earlier ones, top1_agreement_r, and the share of positions
+  whose greedy block would accept its first r drafts, chain_accepted_r: `losses`)."""
   totals: dict[str, float] = {}
   for batch in batches:
     for name, value in eval_sums(head.params, head, verifier, batch, unroll).items():

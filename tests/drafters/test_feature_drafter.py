@@ -87,6 +87,45 @@ def test_every_draft_of_every_block_is_what_training_unrolls():
     last = next_token
 
 
+def test_chain_acceptance_replays_the_blocks_of_a_greedy_decode():
+  """`training.feature_head.losses`' chain_accepted_r counts the positions from which a greedy block accepts its
+  first r drafts: on the verifier's greedy text, replaying the decode's blocks from those per-position outcomes
+  gives the accepted drafts a greedy speculative decode counts."""
+  from specdec.training import feature_head as training
+  verifier = _verifier(vocab=V)
+  drafter = _drafter(verifier, seed=3, scale=1.0)
+  prompt, n_new, gamma = jnp.asarray([[1, 2, 3]], jnp.int32), 24, 3
+  greedy = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompt, jnp.asarray([3]),
+                             method="autoregressive", max_new_tokens=n_new + gamma + 1, temperature=0.0, eos_id=None)
+  text = jnp.concatenate([prompt, greedy.tokens], axis=1)
+  weights = jnp.ones(text.shape, jnp.float32)
+  sums = training.losses(drafter.head.params, drafter.head, verifier, text, weights, None, 0.0, unroll=gamma)
+  _, hidden = verifier.logits(text, return_hidden=True)
+  passes = drafter.head.predict_unrolled(hidden[:, :-1], verifier.token_embeddings(text[:, 1:]), gamma)
+  top1 = jnp.argmax(verifier.output_logits(hidden[:, 1:]), -1)[0]
+  match = np.asarray([jnp.argmax(verifier.output_logits(p), -1)[0] == top1 for p in passes])   # [γ, L − 1]
+  width = match.shape[1]
+  accepted_from = np.zeros((gamma, width), bool)   # u: the block with pending token x_{u+1} accepts ≥ r + 1 drafts
+  for u in range(width):
+    for r in range(gamma):
+      if u + r >= width or not match[r, u + r]:
+        break
+      accepted_from[r, u] = True
+  np.testing.assert_array_equal([float(sums[f"chain_accepted_{r + 1}"]) for r in range(gamma)],
+                                accepted_from.sum(axis=1))
+  np.testing.assert_array_equal(training.accepted_lengths(drafter.head, verifier, text, weights, gamma)[0],
+                                accepted_from.sum(axis=0))
+  assert 0 < accepted_from[0].sum() < width and accepted_from[1].sum() > 0   # both outcomes occur
+  u, generated, accepted = prompt.shape[1] - 2, 0, 0
+  while generated < n_new:
+    n_accepted = int(accepted_from[:, u].sum())
+    u, generated, accepted = u + n_accepted + 1, generated + n_accepted + 1, accepted + n_accepted
+  out = decoding.generate(jax.random.PRNGKey(1), drafter, verifier, prompt, jnp.asarray([3]), method="speculative",
+                          gamma=gamma, max_new_tokens=n_new, temperature=0.0, eos_id=None)
+  np.testing.assert_array_equal(out.tokens[0], greedy.tokens[0, :n_new])
+  assert int(out.stats.accepted[0]) == accepted
+
+
 @pytest.mark.parametrize("batch, gamma, rule", [(1, 3, "spec"), (8, 1, "token_v3"), (8, 7, "spec")])
 def test_greedy_output_is_the_verifiers_greedy_output(batch, gamma, rule):
   verifier = _verifier(vocab=64, scale=1.0)

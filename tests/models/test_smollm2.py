@@ -5,6 +5,8 @@ decoding over it with each kind of drafter, token for token its greedy decoding.
 
 Skipped, naming the command that fetches the file, where it is not in the cache; `make test` fetches it."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,6 +140,27 @@ def test_greedy_speculative_decoding_over_smollm2_is_its_greedy_decoding(ours, v
     untrained = decoding.generate(jax.random.PRNGKey(0), _drafter(ours, "feature"), ours, jnp.asarray([prompt]),
                                   method=method, gamma=3, **kw)
     assert int(got.stats.accepted[0]) > int(untrained.stats.accepted[0])
+
+
+def test_head_acceptance_replays_the_greedy_decodes_verifier_calls(ours, vocab, path, tmp_path):
+  """scripts/head_acceptance.py's tokens per call at γ = r, replayed from teacher-forced chains on SmolLM2's greedy
+  answers, are the calls greedy speculative decoding with the shipped head makes."""
+  from tests.commands import load_script
+  texts = ["What is the capital of France? Answer in one sentence.", "Write a haiku about autumn."]
+  (tmp_path / "prompts.txt").write_text("\n".join(texts) + "\n")
+  load_script("head_acceptance").main(["--verifier", str(path), "--prompts", str(tmp_path / "prompts.txt"),
+                                       "--tokens", "32", "--gamma", "3", "--out", str(tmp_path / "acceptance")])
+  rows = json.loads((tmp_path / "acceptance.json").read_text())["rows"]
+  drafter = exports.load_drafter(pretrained.default_drafter("smollm2"), ours)
+  for gamma in (1, 3):
+    generated = calls = 0
+    for text in texts:
+      prompt = jnp.asarray([vocab.chat_prompt(text)])
+      out = decoding.generate(jax.random.PRNGKey(0), drafter, ours, prompt, method="speculative", gamma=gamma,
+                              temperature=0.0, max_new_tokens=32, eos_id=vocab.eos_id)
+      generated, calls = generated + int(out.lengths[0]), calls + int(out.stats.verifier_calls[0])
+    row = next(r for r in rows if r["draft"] == gamma)
+    assert row["tokens_per_call_replayed"] == pytest.approx(generated / calls) and calls < generated
 
 
 def test_an_f16_export_with_the_files_tokenizer_is_read_back(ours, vocab, path, tmp_path):
