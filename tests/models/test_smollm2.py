@@ -144,7 +144,9 @@ def test_greedy_speculative_decoding_over_smollm2_is_its_greedy_decoding(ours, v
 
 def test_head_acceptance_replays_the_greedy_decodes_verifier_calls(ours, vocab, path, tmp_path):
   """scripts/head_acceptance.py's tokens per call at γ = r, replayed from teacher-forced chains on SmolLM2's greedy
-  answers, are the calls greedy speculative decoding with the shipped head makes."""
+  answers, are the calls greedy speculative decoding with the shipped head makes — up to one block in all: the
+  teacher-forced features round apart from the cached decode's (float32), which can flip a near-tie of the head's
+  or the verifier's argmax (the replay's law is exact on a tiny model: tests/drafters/test_feature_drafter.py)."""
   from tests.commands import load_script
   texts = ["What is the capital of France? Answer in one sentence.", "Write a haiku about autumn."]
   (tmp_path / "prompts.txt").write_text("\n".join(texts) + "\n")
@@ -160,7 +162,8 @@ def test_head_acceptance_replays_the_greedy_decodes_verifier_calls(ours, vocab, 
                               temperature=0.0, max_new_tokens=32, eos_id=vocab.eos_id)
       generated, calls = generated + int(out.lengths[0]), calls + int(out.stats.verifier_calls[0])
     row = next(r for r in rows if r["draft"] == gamma)
-    assert row["tokens_per_call_replayed"] == pytest.approx(generated / calls) and calls < generated
+    replayed_calls = generated / row["tokens_per_call_replayed"]
+    assert abs(replayed_calls - calls) <= 1 + 1e-9 and calls < generated
 
 
 def test_an_f16_export_with_the_files_tokenizer_is_read_back(ours, vocab, path, tmp_path):
