@@ -189,6 +189,7 @@ def _prepare(drafter, verifier, prompts, prompt_lengths, *, method, max_new_toke
                        f"not a {type(drafter).__name__}")
   else:
     drafter = as_drafter(drafter)
+    verifier = drafter.decoding_verifier(verifier)
   common.check_models(drafter, verifier)
   positions = required_cache_length(spec, params, verifier, drafter, prompts.shape[1], max_new_tokens)
   common.check_prompts(prompts, prompt_lengths, positions, [verifier] if drafter is None else [drafter, verifier])

@@ -151,6 +151,11 @@ class Drafter:
     (if any) of `cache_length` slots in `layout` (`Model.init_cache`)."""
     raise NotImplementedError
 
+  def decoding_verifier(self, verifier: Any) -> Any:
+    """The verifier as the loop runs it for this drafter (`generate` decodes with it): a feature drafter whose
+    head reads fused features needs one that returns them; itself otherwise."""
+    return verifier
+
   def propose(self, key: Array, state: Any, last: Array, *, max_drafts: int, sampling: sampling_lib.Sampling,
               keep_drafting: Callable[[Array], Array] | None = None, beam: BeamSearch | None = None) -> Draft:
     """Up to `max_drafts` drafts after `last` [B]; `keep_drafting(q_raw_j) -> [B]` may stop rows early (q_raw_j

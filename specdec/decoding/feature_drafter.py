@@ -10,7 +10,9 @@ that predicts the pending token x_T+1 = `last`. A block of γ drafts:
 (γ head calls, γ + 1 where the target reads q at the bonus position). After verification (`verified`) the
 head's cache is cut back to the committed positions and re-reads the accepted drafts with the verifier's
 real features, (f(last), d_1) … (f(d_{a−1}), d_a), in one call; f(d_a), the verifier's feature under the
-new pending token, becomes the pending feature. After the prefill the same call reads the prompt.
+new pending token, becomes the pending feature. After the prefill the same call reads the prompt. A head reading
+fused features (EAGLE-3, `FeatureHead.reduce`) needs the verifier to return them: the loop decodes with
+`decoding_verifier(verifier)`, and the head reads them reduced to E.
 
 Every lossless rule keeps the verifier's law with it (only the verifier's acceptance test decides what is
 emitted), and it meets every target rule of `speculative` and BiLD like any other drafter.
@@ -45,7 +47,8 @@ VERIFIER_METHODS = ("token_embeddings", "output_logits", "output_table")
 
 @struct.dataclass
 class FeatureState:
-  """The head's cache [B, …] over committed positions, the pending pair's verifier feature [B, E] and, with a
+  """The head's cache [B, …] over committed positions, the pending pair's verifier feature [B, E] (`reduce`d) and,
+  with a
   draft vocabulary, the verifier's output rows of its tokens [k, E] (None: the whole output layer)."""
   cache: Cache
   feature: Array
@@ -80,6 +83,18 @@ class FeatureDrafter(Drafter):
 
   def prompt_cache_positions(self, prompt_width: int) -> int:
     return self.verifier.prompt_cache_positions(prompt_width)
+
+  def decoding_verifier(self, verifier: Model) -> Model:
+    """`verifier` returning as its hidden states the features the head reads: its `feature_layers`' outputs
+    beside its last hidden state (`Decoder.with_feature_layers`); itself for a head without them. ValueError
+    naming the verifier where it cannot return them."""
+    layers = self.head.config.feature_layers
+    if not layers:
+      return verifier
+    if not hasattr(verifier, "with_feature_layers"):
+      raise ValueError(f"the feature head reads the outputs of the verifier's layers {layers} (EAGLE-3's fused "
+                       f"features), which {type(verifier).__name__} does not return")
+    return verifier.with_feature_layers(layers)
 
   def check_verifier(self, verifier: Model) -> None:
     check_pair(self.head, verifier)
@@ -137,19 +152,20 @@ class FeatureDrafter(Drafter):
     # pending pair with the verifier's own feature, included): the drafted entries after it are dropped.
     cache = rollback(state.cache, jnp.maximum(block.lengths - block.count, 0))
     width = block.tokens.shape[1]
+    hidden = self.head.reduce(block.hidden)
     if width > 1:
-      _, cache = self.head.score(cache, block.hidden[:, :-1].astype(jnp.float32),
-                                 self.verifier.token_embeddings(block.tokens[:, 1:]))
+      _, cache = self.head.score(cache, hidden[:, :-1], self.verifier.token_embeddings(block.tokens[:, 1:]))
     cache = rollback(cache, jnp.maximum(block.lengths - 1, 0))
     index = jnp.clip(block.count - 1, 0, width - 1)
-    feature = jnp.take_along_axis(block.hidden, index[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    feature = jnp.take_along_axis(hidden, index[:, None, None], axis=1)[:, 0]
     return state.replace(cache=cache, feature=jnp.where((block.count > 0)[:, None], feature, state.feature))
 
   def propose(self, key: Array, state: FeatureState, last: Array, *, max_drafts: int,
               sampling: sampling_lib.Sampling, keep_drafting: Callable[[Array], Array] | None = None,
               beam: BeamSearch | None = None) -> Draft:
     """γ = max_drafts drafts, each from the head's predicted feature (γ + 1 calls with `bonus_q`). A row
-    that stops (keep_drafting False: BiLD's fallback) drafts no more; calls run for the whole batch. With
+    that stops (keep_drafting False: BiLD's fallback, a confidence stop) drafts no more; calls run for the whole
+    batch until every row has stopped (its q at the position where it stopped is computed: the bonus q). With
     `beam` the copies draft as beams (EAGLE-2's dynamic tree): each takes its parent beam's head cache and
     predicted feature after every call."""
     batch = last.shape[0]
@@ -158,8 +174,8 @@ class FeatureDrafter(Drafter):
     calls = max_drafts + 1 if self.bonus_q else max_drafts
     keys = rng.split(key, max_drafts + 1)
 
-    def body(step, carry):
-      cache, feature, token, tokens, q, q_raw, drafting, n_drafted, log_values = carry
+    def body(carry):
+      step, cache, feature, token, tokens, q, q_raw, drafting, n_drafted, log_values = carry
       predicted, cache = self.head.score(cache, feature[:, None], self.verifier.token_embeddings(token[:, None]))
       # Over the draft vocabulary's k columns: S(·) of logits with every other token at 0 probability is S(·) of
       # these, placed at their ids (`to_vocabulary`), and a draw or a beam's column i is token draft_ids[i].
@@ -180,17 +196,19 @@ class FeatureDrafter(Drafter):
       x = x if ids is None else ids[x]
       slot = jnp.minimum(step, max_drafts - 1)
       tokens = tokens.at[:, slot].set(jnp.where(go_on, x, tokens[:, slot]))
-      return (cache, predicted, jnp.where(go_on, x, token), tokens, q, q_raw, go_on, n_drafted + go_on,
+      return (step + 1, cache, predicted, jnp.where(go_on, x, token), tokens, q, q_raw, go_on, n_drafted + go_on,
               log_values)
 
     zeros = jnp.zeros((batch, max_drafts + 1, columns), jnp.float32)
-    carry = (state.cache, state.feature, last, jnp.zeros((batch, max_drafts), jnp.int32), zeros, zeros,
+    carry = (jnp.int32(0), state.cache, state.feature, last, jnp.zeros((batch, max_drafts), jnp.int32), zeros, zeros,
              jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32),
              jnp.zeros((batch,), jnp.float32) if beam is None else beam.start(batch))
-    cache, _, _, tokens, q, q_raw, _, n_drafted, _ = jax.lax.fori_loop(0, calls, body, carry)
+    # After the call where the last row stopped, every later call would change nothing that is read.
+    steps, cache, _, _, tokens, q, q_raw, _, n_drafted, _ = jax.lax.while_loop(
+        lambda carry: (carry[0] < calls) & jnp.any(carry[7]), body, carry)
     # Charged with the head call of `verified` that follows: it re-reads the accepted drafts.
     return Draft(tokens=tokens, q=self.to_vocabulary(q), q_raw=self.to_vocabulary(q_raw), n_drafted=n_drafted,
-                 calls=jnp.full((batch,), calls + 1, jnp.int32), state=state.replace(cache=cache))
+                 calls=jnp.full((batch,), steps + 1, jnp.int32), state=state.replace(cache=cache))
 
 
 def check_features(verifier: Model) -> None:

@@ -7,8 +7,8 @@ cache roll back to the committed length (a length reset). A model drafter makes 
 scoring d_γ, only where it is needed: before verification for the targets that read q at the bonus
 position (cascade and token rules, T(q_γ, p_γ)); after it, and only for the rows that accepted every
 draft, for the rest (SpecDecode, Lossy, BiLD draw the bonus token from p): a rejected draft costs no call.
-A drafter marked `variable_length` drafts 0 … γ tokens per row (`Draft.n_drafted`); the verifier then
-scores only the longest row's block.
+A drafter marked `variable_length` drafts 0 … γ tokens per row (`Draft.n_drafted`), as does any drafter under a
+confidence stop (`confidence_stop`); the verifier then scores only the longest row's block.
 """
 
 from __future__ import annotations
@@ -110,21 +110,25 @@ def _complete(drafter: Drafter, drafted: Draft, n_accepted: Array, done: Array,
 
 def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, rule: str, alpha, gamma: int, max_new_tokens: int,
-                eos_id: int | None, cache_length: int, program: common.Program) -> common.Output:
+                eos_id: int | None, cache_length: int, program: common.Program, stop_below=None
+                ) -> common.Output:
   """SpecDecode / SpecCascade: GenSpecSample (Alg. 4) with π_j = T(q_j, p_j) of `rule` at each position.
 
   The bonus position γ uses π_γ = T(q_γ, p_γ) too, except for rules whose bonus is drawn from p (the lossy
   rules, as in Tran-Thien; docs/design.md). `deferred` counts emitted positions where a deferral rule's
-  δ_j = 1, or, for any other rule, π_j ≠ q_j (`targets.Rule.deferred`).
+  δ_j = 1, or, for any other rule, π_j ≠ q_j (`targets.Rule.deferred`). `stop_below` (traced; None: none): a
+  row's block stops before draft j where max q_raw_j < stop_below (`confidence_stop`).
   """
   target = targets.get_rule(rule)
   drafter = _deferring_last_call(drafter, needs_bonus_q=target.needs_bonus_q)
+  keep_drafting = None if stop_below is None else (lambda q_raw_j: jnp.max(q_raw_j, axis=-1) >= stop_below)
 
   def step(state: PairState, done: Array) -> tuple[PairState, common.Emission]:
     key, key_draft, key_verify = rng.split(state.key, 3)
-    drafted = drafter.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling)
+    drafted = drafter.propose(key_draft, state.drafter_state, state.last, max_drafts=gamma, sampling=sampling,
+                              keep_drafting=keep_drafting)
     verify_in = jnp.concatenate([state.last[:, None], drafted.tokens], axis=1)
-    if drafter.variable_length:
+    if drafter.variable_length or stop_below is not None:
       # Rows draft 0 … γ tokens: score only what the longest row needs (at batch 1, exactly its block).
       widths = tuple(range(1, gamma + 1))
       needed = jnp.where(done, 1, drafted.n_drafted + 1)
@@ -215,6 +219,19 @@ def specdec_pp(key: Array, drafter: Drafter, verifier: Model, prompts: Array, pr
                      eos_id=eos_id, cache_length=cache_length, program=program)
 
 
+def confidence_stop(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
+                    sampling: sampling_lib.Sampling, stop_below, max_gamma: int, max_new_tokens: int,
+                    eos_id: int | None, cache_length: int, program: common.Program) -> common.Output:
+  """Lossless SpecDecode with a confidence stop (Kangaroo's early exit, Liu et al. 2024; EAGLE-2 §4: a draft's
+  probability tracks its acceptance): a row's block stops before draft j where the drafter's top probability
+  max q_raw_j < `stop_below` (at most `max_gamma` drafts; the verifier scores only the longest row's block). The
+  stop reads only what the drafter drew, so each position's test is SpecDecode's and the output law the
+  verifier's; a drafter that ignores `keep_drafting` drafts max_gamma."""
+  return speculative(key, drafter, verifier, prompts, prompt_lengths, sampling=sampling, rule="spec", alpha=0.0,
+                     gamma=max_gamma, max_new_tokens=max_new_tokens, eos_id=eos_id, cache_length=cache_length,
+                     program=program, stop_below=stop_below)
+
+
 def block_overhang(params) -> int:
   """A block of γ drafts and the token after them: the verifier's call writes γ + 1 positions."""
   return params["gamma"] + 1
@@ -234,6 +251,14 @@ register(Method(
             Param("fallback_alpha", 0.5, traced=True, bounds=Bounds(0.0, 1.0),
                   help="BiLD's fallback: the drafter hands over while max q < 1 − fallback_alpha, in [0, 1]"),
             GAMMA)))
+register(Method(
+    "confidence_stop", decode=confidence_stop, cache_overhang=lambda p: p["max_gamma"] + 1,
+    summary="SpecDecode (lossless) whose drafter stops a block before the first draft with max q_raw < "
+            "stop_below (at most max_gamma drafts)",
+    params=(Param("stop_below", 0.3, traced=True, bounds=Bounds(0.0, 1.0),
+                  help="a block stops before a draft whose top probability max q_raw is below it, in [0, 1]"),
+            Param("max_gamma", 5, traced=False, bounds=count_bounds(1),
+                  help="the most drafts per block, an int >= 1"))))
 register(Method(
     "specdec_pp", decode=specdec_pp, cache_overhang=lambda p: p["max_gamma"] + 1,
     summary="SpecDec++ (lossless): the drafter, a `ModelDrafter(model, head=…)`, stops a block once its "

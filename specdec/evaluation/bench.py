@@ -212,6 +212,7 @@ def draft_seconds(drafter: Any, verifier: Any, *, gamma: int, batch: int = 1, pr
   prompts = jnp.asarray(rng.integers(2, verifier.vocab_size, (batch, prefix)), jnp.int32)
   lengths = jnp.full((batch,), prefix, jnp.int32)
   state, last = drafter.start(prompts, lengths, prefix + gamma + 2)
+  verifier = drafter.decoding_verifier(verifier)
   if drafter.reads_verifier:
     _, _, hidden = jax.jit(functools.partial(base.prefill, return_hidden=True))(
         verifier, verifier.init_cache(batch, prefix + gamma + 2), prompts, lengths)

@@ -48,6 +48,7 @@ SERIES_ORDER: dict[str, Callable[[Mapping[str, Any]], float]] = {
     "token_cascade": lambda p: 1 + 0.01 * list(targets.RULES).index(p["rule"]),
     "speculative": lambda p: _speculative_row(p["rule"]),
     "cs_drafting": lambda p: 2.05,
+    "confidence_stop": lambda p: 2.06,
     "specdec_pp": lambda p: 2.07,
     "spectr": lambda p: 2.08,
     "specinfer": lambda p: 2.09,

@@ -194,6 +194,12 @@ def _attend_head_major(query: Array, parts: list[tuple[Array, Array, Array, Arra
   return jnp.moveaxis(attended.reshape(b, k, g, n, d), 3, 1).reshape(b, n, h, d)
 
 
+def rms_normalize(x: Array, eps: float = 1e-6) -> Array:
+  """x / rms(x) over the last axis, in float32 (RMSNorm without a gain)."""
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 class RMSNorm(nn.Module):
   """x / rms(x) · (offset + scale), in float32, returned in `dtype` (None: x's); the scale starts where the gain is 1.
   T5's layer norm (offset 0, ε 1e-6), Llama's (offset 0) and Gemma's (offset 1: (1 + w))."""
@@ -204,9 +210,7 @@ class RMSNorm(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     scale = self.param("scale", nn.initializers.constant(1.0 - self.offset), (x.shape[-1],), jnp.float32)
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (normed * (self.offset + scale)).astype(self.dtype or x.dtype)
+    return (rms_normalize(x, self.eps) * (self.offset + scale)).astype(self.dtype or x.dtype)
 
 
 def _attend_slot_major(query: Array, keys: Array, values: Array, visible: Array, *, bias: Array | None,

@@ -12,8 +12,11 @@ Used when all hold, else `jnp.einsum` (same maths): the equation contracts x's t
 ones (w [in…, out…]) or, w 2-D, with its trailing one (an output table [V, E]); x and w are float32; x has at
 most MAX_ROWS rows (the product of its other axes; a prefill is a GEMM's job); the program is lowered for the
 CPU (`jax.lax.platform_dependent`: GPU and TPU programs never contain it); one CPU device (the call cannot be
-partitioned); the kernel is enabled (`SPECDEC_CPU_KERNEL=0` or `enabled(False)` turn it off, read when a
-function is traced) and built. The C++ source is compiled on first use with the machine's C++ compiler
+partitioned); the kernel is enabled and built. Enabled: by default on x86 CPUs with AVX-512 (`suited`), where it
+was measured to pay; on an AVX2-only AMD EPYC (znver2) one row ran slower than XLA's matrix-vector loop even after
+its 16-float vectors became two native halves (experiments/smollm2_eagle), so there it is off unless asked for.
+`SPECDEC_CPU_KERNEL=1` or `enabled(True)` turn it on anywhere, `SPECDEC_CPU_KERNEL=0` or `enabled(False)` off (read
+when a function is traced). The C++ source is compiled on first use with the machine's C++ compiler
 ($CXX, else g++, else c++; -O3 -march=native) into $SPECDEC_CACHE/kernels (else ~/.cache/specdec/kernels),
 keyed by the source, jaxlib and the CPU; without a compiler the plain path runs, with one warning.
 Gradients are the plain einsum's (a `custom_vjp`), so training code may call it.
@@ -46,12 +49,25 @@ TARGET = "specdec_rows_matmul"
 SOURCE = Path(__file__).with_suffix(".cc")
 ENV = "SPECDEC_CPU_KERNEL"
 _log = logging.getLogger(__name__)
-_enabled: list[bool] = [os.environ.get(ENV, "1") != "0"]
+# None: where `suited`.
+_enabled: list[bool | None] = [None if os.environ.get(ENV, "") == "" else os.environ[ENV] != "0"]
+
+
+@functools.cache
+def suited() -> bool:
+  """Whether this CPU is one the kernel was measured to pay on: x86 with AVX-512."""
+  flags = set()
+  with contextlib.suppress(OSError):
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("flags"):
+        flags |= set(line.split(":", 1)[1].split())
+  return platform.machine().lower() in ("x86_64", "amd64") and "avx512f" in flags
 
 
 @contextlib.contextmanager
-def enabled(flag: bool) -> Iterator[None]:
-  """Turn the kernel on or off for what is traced inside (jit caches keep what was traced before)."""
+def enabled(flag: bool | None) -> Iterator[None]:
+  """Turn the kernel on or off (None: where `suited`) for what is traced inside (jit caches keep what was traced
+  before)."""
   previous = _enabled[0]
   _enabled[0] = flag
   try:
@@ -134,7 +150,8 @@ def _split(equation: str, x_ndim: int, w_ndim: int) -> tuple[int, bool, list[int
 def einsum(equation: str, x: Array, w: Array) -> Array:
   """`jnp.einsum(equation, x, w)`, by the CPU kernel where it applies (module docstring)."""
   split = _split(equation, x.ndim, w.ndim)
-  if split is None or not _enabled[0] or x.dtype != jnp.float32 or w.dtype != jnp.float32:
+  on = suited() if _enabled[0] is None else _enabled[0]
+  if split is None or not on or x.dtype != jnp.float32 or w.dtype != jnp.float32:
     return jnp.einsum(equation, x, w)
   n, transposed, permutation = split
   if (math.prod(x.shape[:x.ndim - n]) > MAX_ROWS or jax.device_count() != 1 or jax.default_backend() != "cpu"

@@ -89,6 +89,8 @@ class DecoderConfig:
   layer_types: tuple[str, ...] = ()             # LOCAL / GLOBAL per layer; (): alternating, the first LOCAL, where
                                                 # a sliding window is set, else all GLOBAL
   dtype: Any = jnp.float32                      # weights, activations, cache; norms, softmax, logits: float32
+  feature_layers: tuple[int, ...] = ()          # not a checkpoint's: the hidden states the network returns
+                                                # (`Decoder.with_feature_layers`)
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -98,6 +100,11 @@ class DecoderConfig:
     if self.activation not in ACTIVATIONS:
       raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}; got {self.activation!r}")
     object.__setattr__(self, "layer_types", tuple(self.layer_types))   # hashable when read from JSON
+    object.__setattr__(self, "feature_layers", tuple(self.feature_layers))
+    if any(not 0 <= layer < self.num_layers - 1 for layer in self.feature_layers) or (
+        list(self.feature_layers) != sorted(set(self.feature_layers))):
+      raise ValueError(f"feature_layers must be increasing layer indices in [0, {self.num_layers - 1}) (the last "
+                       f"layer's state is always returned); got {self.feature_layers}")
     if self.layer_types and (len(self.layer_types) != self.num_layers
                              or set(self.layer_types) - {LOCAL, GLOBAL}):
       raise ValueError(f"layer_types must give {LOCAL!r} or {GLOBAL!r} for each of the {self.num_layers} layers; "
@@ -250,7 +257,9 @@ class DecoderNetwork(nn.Module):
     token may see (causal, tree, committed slots); key_positions [B, C]: each key's position id, which
     the local layers' sliding window compares. With cache = (keys, values: one array per layer, slots [B, n],
     their layout) each layer writes the new entries at slots first. Also returns the updated (keys, values)
-    lists (None without a cache) and the last hidden states [B, n, E] (after the final norm)."""
+    lists (None without a cache) and the last hidden states [B, n, E] (after the final norm); with
+    `feature_layers` [B, n, (k + 1)·E], the outputs of those k layers, each RMS-normalised without a gain, before
+    them (EAGLE-3's fused features)."""
     cfg = self.config
     embedding, output = Embedder(cfg, name="embedder")()
     x = embedding.astype(cfg.dtype)[tokens]
@@ -259,15 +268,18 @@ class DecoderNetwork(nn.Module):
     in_window = None
     if cfg.sliding_window is not None:
       in_window = key_positions[:, None, :] > positions[:, :, None] - cfg.sliding_window      # [B, n, C]
-    new_keys, new_values = [], []
+    new_keys, new_values, features = [], [], []
     for layer, kind in enumerate(cfg.attention_types):
       cached = None if cache is None else (cache[0][layer], cache[1][layer], cache[2], cache[3])
       seen = visible & in_window if kind == LOCAL else visible
       x, keys, values = Block(cfg, name=f"layer_{layer}")(x, positions, seen, cached)
       new_keys.append(keys)
       new_values.append(values)
+      if layer in cfg.feature_layers:
+        features.append(base.rms_normalize(x, cfg.rms_norm_eps).astype(jnp.float32))
     x = base.RMSNorm(cfg.rms_norm_eps, cfg.norm_offset, name="final_norm")(x)
-    return output_logits(cfg, output, x), None if cache is None else (new_keys, new_values), x
+    hidden = jnp.concatenate(features + [x.astype(jnp.float32)], axis=-1) if features else x
+    return output_logits(cfg, output, x), None if cache is None else (new_keys, new_values), hidden
 
 
 def output_logits(config: DecoderConfig, table: Array, hidden: Array) -> Array:
@@ -294,6 +306,12 @@ class Decoder(base.DecoderOnly):
   @property
   def hidden_size(self) -> int:
     return self.config.embed_dim
+
+  def with_feature_layers(self, layers: tuple[int, ...]) -> "Decoder":
+    """This model (the same parameters, logits and cache) returning as its hidden states [B, n, (k + 1)·E] the
+    outputs of the k `layers` (0-based, RMS-normalised without a gain) before its last hidden state: the fused
+    features an EAGLE-3 head reads. ValueError for indices outside [0, num_layers − 1)."""
+    return self.replace(config=dataclasses.replace(self.config, feature_layers=tuple(layers)))
 
   def output_table(self) -> Array:
     """The output layer's [V, E] table (the input embedding where they are tied)."""

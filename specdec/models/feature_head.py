@@ -21,6 +21,12 @@ frequent of its training data, EOS and the chat's special tokens always in), so 
 the verifier's output layer instead of all V (SmolLM2: 8k of 49k rows, a sixth of the 28M-parameter table). The
 head's q over the full vocabulary is then its softmax over those k logits, 0 elsewhere
 (`decoding.feature_drafter`): the distribution actually sampled from, so every verification rule stays exact.
+
+Fused features (EAGLE-3, Li et al., 2025, §3.2): a head with `feature_layers` reads, in place of f_{t−1}, the
+verifier's low and middle layers' outputs (RMS-normalised) beside f_{t−1}, g_{t−1} [(k + 1)·E]
+(`Decoder.with_feature_layers`), reduced to E by a linear map of its own (`reduce`, W_r g) before its fc. Its later
+drafts read its own predictions f̂ [E] in that place, which only EAGLE-3's training-time test teaches it
+(`predict_unrolled`, `training.feature_head`'s unroll ≥ 2).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ Array = jax.Array
 # Partitioning (`models.partitioning`): the head's "fc" over [features; embeddings] (its "block" is
 # transformer.py's, covered by that module's rules).
 LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (r"^fc/kernel$", ("embed", "embed")),
+    (r"^(fc|reduce)/kernel$", ("embed", "embed")),
     (r"^fc/bias$", ("embed",)),
 )
 
@@ -52,7 +58,9 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
 @dataclasses.dataclass(frozen=True)
 class FeatureHeadConfig:
   """embed_dim: the verifier's hidden size (features and embeddings); vocab_size: the verifier's vocabulary;
-  fingerprint: `verifier_fingerprint` of the verifier it reads (checked by the drafter)."""
+  fingerprint: `verifier_fingerprint` of the verifier it reads (checked by the drafter); feature_layers: the
+  verifier's layers whose outputs it reads beside the last hidden state (EAGLE-3's fused features; (): the last
+  hidden state alone)."""
   embed_dim: int
   vocab_size: int
   num_heads: int = 4
@@ -60,6 +68,15 @@ class FeatureHeadConfig:
   max_len: int = 2048
   fingerprint: str = ""
   dtype: Any = jnp.float32
+  feature_layers: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    object.__setattr__(self, "feature_layers", tuple(self.feature_layers))   # hashable when read from JSON
+
+  @property
+  def feature_width(self) -> int:
+    """F, the width of the verifier's features it reads: (k + 1)·E with k feature layers."""
+    return (len(self.feature_layers) + 1) * self.embed_dim
 
   def block_config(self) -> transformer.TransformerConfig:
     return transformer.TransformerConfig(vocab_size=self.vocab_size, embed_dim=self.embed_dim,
@@ -111,15 +128,30 @@ class FeatureHead:
     return base.empty_cache(batch_size, cache_length, max_length=cfg.max_len, num_layers=1,
                             heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, layout=layout)
 
+  def reduce(self, features: Array) -> Array:
+    """The verifier's features [..., F] as the head's input [..., E] (float32): W_r g with fused features, f itself
+    otherwise. ValueError where F is not the head's `feature_width` (a verifier returning other layers)."""
+    if features.shape[-1] != self.config.feature_width:
+      raise ValueError(f"the feature head reads the verifier's features of width {self.config.feature_width} "
+                       f"(layers {self.config.feature_layers} and the last); got width {features.shape[-1]}: decode "
+                       "with the verifier FeatureDrafter.decoding_verifier gives")
+    features = features.astype(jnp.float32)
+    if not self.config.feature_layers:
+      return features
+    return _reduction(self.config).apply({"params": self.params["reduce"]}, features.astype(self.config.dtype)
+                                         ).astype(jnp.float32)
+
   def predict(self, features: Array, embeddings: Array) -> Array:
-    """Teacher-forced f̂ [B, L, E] from features [B, L, E] (f_{t−1} at t) and embeddings [B, L, E] (of x_t)."""
+    """Teacher-forced f̂ [B, L, E] from the verifier's features [B, L, F] (f_{t−1} at t) and embeddings [B, L, E]
+    (of x_t)."""
     return self.predict_unrolled(features, embeddings, 1)[0]
 
   def predict_unrolled(self, features: Array, embeddings: Array, steps: int) -> Array:
     """Training-time test (EAGLE-3 §3.3): `steps` passes over the sequence [steps, B, L, E], as drafting runs.
 
-    Pass 1 is `predict`'s teacher-forced f̂ (reading f_{t−1} at t). Pass s reads at t the prediction of pass s − 1
-    at t − 1, as draft step s reads the head's own previous output, and attends where that draft step would: to
+    Pass 1 is `predict`'s teacher-forced f̂ (reading the verifier's features [B, L, F] at t − 1, `reduce`d). Pass s
+    reads at t the prediction of pass s − 1 at t − 1, as draft step s reads the head's own previous output, and
+    attends where that draft step would: to
     pass 1's entries at positions ≤ t − s + 1 (written from the verifier's features) and to pass r's entry at
     t − s + r for r = 2 … s (the drafts before it). Pass s is meaningful at t ≥ s − 1 (0-based)."""
     b, length = features.shape[:2]
@@ -130,24 +162,30 @@ class FeatureHead:
     keys, values = cache.kv["keys"][0], cache.kv["values"][0]
     query = jnp.arange(length)[:, None]
     key = jnp.arange(length)[None, :]
+    features = self.reduce(features)
     net, inputs, passes = FeatureHeadNet(self.config), features, []
     for step in range(steps):
       blocks = [key <= query - step] + [key == query - step + r for r in range(1, step + 1)]
       blocks += [jnp.zeros((length, length), bool)] * (steps - step - 1)
       mask = jnp.broadcast_to(jnp.concatenate(blocks, axis=1), (b, length, steps * length))
       slots = step * length + positions
-      predicted, keys, values = net.apply({"params": self.params}, inputs, embeddings, positions, mask,
+      predicted, keys, values = net.apply({"params": self._net_params}, inputs, embeddings, positions, mask,
                                           (keys, values, slots, cache.layout))
       passes.append(predicted)
       inputs = jnp.concatenate([features[:, :1], predicted[:, :-1].astype(features.dtype)], axis=1)
     return jnp.stack(passes)
 
+  @property
+  def _net_params(self) -> Any:
+    return {name: value for name, value in self.params.items() if name != "reduce"}
+
   def score(self, cache: base.Cache, features: Array, embeddings: Array) -> tuple[Array, base.Cache]:
-    """Appends positions [B, n] (features, embeddings [B, n, E]) at each row's length; returns f̂ [B, n, E]."""
+    """Appends positions [B, n] (features: the verifier's `reduce`d or the head's own predictions, and
+    embeddings, [B, n, E]) at each row's length; returns f̂ [B, n, E]."""
     tokens = jnp.zeros(features.shape[:2], jnp.int32)        # only the shape: slots and masks
     slots, positions, mask = base.new_entries(cache, tokens, None, None)
     predicted, keys, values = FeatureHeadNet(self.config).apply(
-        {"params": self.params}, features, embeddings, positions, mask,
+        {"params": self._net_params}, features, embeddings, positions, mask,
         (cache.kv["keys"][0], cache.kv["values"][0], slots, cache.layout))
     return predicted, cache.replace(kv={"keys": [keys], "values": [values]}, lengths=cache.lengths + features.shape[1])
 
@@ -174,15 +212,26 @@ def verifier_fingerprint(verifier) -> str:
   return fingerprint
 
 
-def init(verifier, key: Array, *, num_heads: int = 4, hidden_dim: int | None = None) -> FeatureHead:
-  """A randomly initialised head for `verifier` (its hidden size, vocabulary and fingerprint)."""
+def _reduction(config: FeatureHeadConfig) -> nn.Dense:
+  return nn.Dense(config.embed_dim, use_bias=False, dtype=config.dtype)
+
+
+def init(verifier, key: Array, *, num_heads: int = 4, hidden_dim: int | None = None,
+         feature_layers: tuple[int, ...] = ()) -> FeatureHead:
+  """A randomly initialised head for `verifier` (its hidden size, vocabulary and fingerprint), reading the outputs
+  of its `feature_layers` beside its last hidden state."""
   embed_dim = verifier.hidden_size
   return init_from_config(FeatureHeadConfig(embed_dim=embed_dim, vocab_size=verifier.vocab_size, num_heads=num_heads,
                                             hidden_dim=hidden_dim or 4 * embed_dim, max_len=verifier.max_length,
-                                            fingerprint=verifier_fingerprint(verifier)), key)
+                                            fingerprint=verifier_fingerprint(verifier),
+                                            feature_layers=tuple(feature_layers)), key)
 
 
 def init_from_config(config: FeatureHeadConfig, key: Array) -> FeatureHead:
   one = jnp.zeros((1, 1, config.embed_dim), jnp.float32)
   params = FeatureHeadNet(config).init(key, one, one, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1, 1), bool))
-  return FeatureHead(params=params["params"], config=config)
+  params = dict(params["params"])
+  if config.feature_layers:
+    fused = jnp.zeros((1, 1, config.feature_width), jnp.float32)
+    params["reduce"] = _reduction(config).init(jax.random.fold_in(key, 1), fused)["params"]
+  return FeatureHead(params=params, config=config)

@@ -7,9 +7,11 @@ token per epoch).
 
 A shard holds `SHARD_ROWS` sequences (a prompt's ids then its response's) cut to `max_length`: tokens [N, W] int32,
 weights [N, W] float32 (1 from the prompt's last token on: the response is what the head learns to draft), features
-[N, W, E] float16
-(the verifier's last hidden states after each token, what its output layer reads). Each shard is written whole
-(to a temporary name, renamed), so an interrupted run resumes at the first missing shard.
+[N, W, F] float16
+(the verifier's hidden states after each token: its last, what its output layer reads, F = E; a verifier with
+`feature_layers` (EAGLE-3's fused features, `Decoder.with_feature_layers`) those layers' before it, F = (k + 1)·E,
+in a folder of their own, features_l2_15/ for layers 2 and 15). Each shard is written whole (to a temporary name,
+renamed), so an interrupted run resumes at the first missing shard.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def _features(verifier: Any, tokens: np.ndarray, weights: np.ndarray, batch_size
   return features
 
 
+def folder_name(verifier: Any) -> str:
+  """The shards' folder under a work directory: FEATURES, or FEATURES_l2_15 for a verifier returning its layers 2
+  and 15 before its last hidden state."""
+  layers = getattr(getattr(verifier, "config", None), "feature_layers", ())
+  return FEATURES + "".join(f"{'_l' if i == 0 else '_'}{layer}" for i, layer in enumerate(layers))
+
+
 def rows(records: Sequence[dict], max_length: int, width_step: int = 64) -> tuple[np.ndarray, np.ndarray]:
   """Sequences prompt_ids + response_ids cut to `max_length`, right-padded with 0 to a multiple of `width_step`:
   tokens [N, W] and weights [N, W]: 1 from the prompt's last token on, so that the head's loss (on pairs of
@@ -69,9 +78,9 @@ def rows(records: Sequence[dict], max_length: int, width_step: int = 64) -> tupl
 
 def write_features(out: str, verifier: Any, responses: Sequence[dict], *, max_length: int = 512,
                    batch_size: int = 8, log: Callable[[str], None] = print) -> list[str]:
-  """Shards of `responses` (self_distill's records) with the verifier's features, under out/features/; shards
-  already there are kept (resumed). Returns the shards' paths."""
-  folder = os.path.join(out, FEATURES)
+  """Shards of `responses` (self_distill's records) with the verifier's features, under out/`folder_name`/;
+  shards already there are kept (resumed). Returns the shards' paths."""
+  folder = os.path.join(out, folder_name(verifier))
   os.makedirs(folder, exist_ok=True)
   paths = []
   for shard, start in enumerate(range(0, len(responses), SHARD_ROWS)):

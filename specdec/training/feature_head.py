@@ -6,9 +6,10 @@ Features and targets come from the verifier itself, teacher-forced on text: f_t,
   L = SmoothL1(f̂_t, f_t) + w_cls · CE(softmax(out(f_t)), softmax(out(f̂_t)))
 
 with EAGLE's weights (regression 1, classification w_cls = 0.1), the classification target being the
-verifier's own next-token distribution. EAGLE's feature noise (U(−0.1, 0.1) added to the input features,
-`noise`) makes the head robust to its own errors when it reads its predictions while drafting. The
-verifier's parameters never change.
+verifier's own next-token distribution. A head reading fused features (EAGLE-3: `FeatureHead.reduce`) reads
+g_{t−1}, the verifier's chosen layers beside f_{t−1}, and still predicts f_t. EAGLE's feature noise (U(−0.1, 0.1)
+added to the input features, `noise`) makes the head robust to its own errors when it reads its predictions while
+drafting. The verifier's parameters never change.
 
   head, record = train(verifier, batches, steps=…, learning_rate=…)
   save_head(directory, head, record); load_head(directory)
@@ -62,7 +63,8 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
            ) -> dict[str, Array]:
   """Weighted sums over positions 1 … L−1 of rows inputs [B, L] (weights [B, L]: 1 on real tokens): the
   regression and classification losses, the head's top-1 agreement with the verifier, and the count.
-  `features` [B, L, E]: the verifier's, cached (`feature_cache`); None: computed here. With a draft vocabulary
+  `features` [B, L, F]: the verifier's, cached (`feature_cache`; F = E, or (k + 1)·E fused with f last); None:
+  computed here (by a verifier returning the head's `feature_layers`). With a draft vocabulary
   (`head.draft_ids`) both distributions are over its tokens (the verifier's renormalised to them): the q the
   head drafts from. `unroll` s > 1: EAGLE-3's training-time test (`FeatureHead.predict_unrolled`), pass r's
   losses weighted UNROLL_DECAY^(r−1) and its agreement as top1_agreement_r (the head's r-th draft reading its own
@@ -71,7 +73,9 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
   r of the block whose pending token is x_{u+1}, as `decoding.feature_drafter` drafts it), so that on the
   verifier's greedy text 1 + Σ_{r ≤ γ} chain_accepted_r / tokens is the tokens per call at γ of blocks starting at
   uniformly drawn positions (a decode's blocks start where the last one stopped: `accepted_lengths` replays them).
-  `per_position`: also 'accepted_lengths' [B, L−1], at u the drafts (≤ `unroll`) the block from u accepts."""
+  `per_position`: also 'accepted_lengths' [B, L−1], at u the drafts (≤ `unroll`) the block from u accepts, and
+  'confidences' [unroll, B, L−1], at [r − 1, u] the top probability max q_raw of draft r of that block (pass r
+  at u + r − 1, over the draft vocabulary: what a confidence stop reads)."""
   if features is None:
     _, features = verifier.logits(inputs, return_hidden=True)
   features = jax.lax.stop_gradient(features.astype(jnp.float32))
@@ -79,7 +83,7 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
   if key is not None and noise:
     previous = previous + jax.random.uniform(key, previous.shape, minval=-noise, maxval=noise)
   passes = head.replace(params=params).predict_unrolled(previous, verifier.token_embeddings(inputs[:, 1:]), unroll)
-  target = features[:, 1:]
+  target = features[:, 1:, -head.config.embed_dim:]
   table = None if head.draft_ids is None else jnp.take(verifier.output_table(), head.draft_ids, axis=0)
   target_logits = jax.lax.stop_gradient(verifier.output_logits(target, table))
   target_top1 = jnp.argmax(target_logits, -1)
@@ -87,7 +91,7 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
   mask = weights[:, 1:] * weights[:, :-1]
   sums = {"regression": 0.0, "classification": 0.0}
   chain = mask > 0   # [B, L−1] at u: the chain from u so far accepted (draft r of it is pass r at u + r − 1)
-  accepted = jnp.zeros(mask.shape, jnp.int32)
+  accepted, confidences = jnp.zeros(mask.shape, jnp.int32), []
   for step in range(unroll):
     predicted = passes[step]
     step_mask = mask * (jnp.arange(mask.shape[1]) >= step)
@@ -102,15 +106,22 @@ def losses(params: Any, head: FeatureHead, verifier: Any, inputs: Array, weights
     chain &= jnp.pad(match & (mask > 0), ((0, 0), (0, step)))[:, step:]
     sums[f"chain_accepted_{step + 1}"] = jnp.sum(chain)
     accepted += chain
-  return sums | {"tokens": jnp.sum(mask)} | ({"accepted_lengths": accepted} if per_position else {})
+    if per_position:
+      top = jnp.max(jax.nn.softmax(predicted_logits), axis=-1)
+      confidences.append(jnp.pad(top, ((0, 0), (0, step)))[:, step:])
+  return sums | {"tokens": jnp.sum(mask)} | (
+      {"accepted_lengths": accepted, "confidences": jnp.stack(confidences)} if per_position else {})
 
 
 @functools.partial(jax.jit, static_argnames=("gamma",))
-def accepted_lengths(head: FeatureHead, verifier: Any, inputs: Array, weights: Array, gamma: int) -> Array:
-  """[B, L−1] int32: at u, how many of its γ drafts a greedy block whose pending token is x_{u+1} accepts, on the
-  verifier's greedy text inputs [B, L] (`losses`' chains; 0 where weights mark no pair)."""
-  return losses(head.params, head, verifier, inputs, weights, None, 0.0, unroll=gamma,
-                per_position=True)["accepted_lengths"]
+def accepted_lengths(head: FeatureHead, verifier: Any, inputs: Array, weights: Array, gamma: int
+                     ) -> tuple[Array, Array]:
+  """On the verifier's greedy text inputs [B, L] (`losses`' chains): [B, L−1] int32, at u how many of its γ drafts
+  a greedy block whose pending token is x_{u+1} accepts (0 where weights mark no pair), and [γ, B, L−1] the top
+  probability of each of its drafts (teacher-forced on the text's tokens: after a rejected draft the decode's later
+  drafts read other tokens)."""
+  out = losses(head.params, head, verifier, inputs, weights, None, 0.0, unroll=gamma, per_position=True)
+  return out["accepted_lengths"], out["confidences"]
 
 
 @functools.partial(jax.jit, donate_argnums=0, static_argnames=("noise", "unroll"))
@@ -147,20 +158,23 @@ def evaluate(head: FeatureHead, verifier: Any, batches, unroll: int = 1) -> dict
 
 def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int, learning_rate: float = 1e-3,
           warmup_steps: int = 100, seed: int = 0, num_heads: int = 4, noise: float = NOISE,
-          draft_ids: Any = None, unroll: int = 1, checkpoint_dir: str | None = None, save_every: int = 200,
+          draft_ids: Any = None, unroll: int = 1, feature_layers: tuple[int, ...] = (),
+          checkpoint_dir: str | None = None, save_every: int = 200,
           log_every: int = 100, held_out: list[dict[str, np.ndarray]] | None = None, eval_every: int = 0,
           log=print) -> tuple[FeatureHead, dict[str, Any]]:
-  """A head for `verifier` trained `steps` AdamW steps on `batches` ({'inputs', 'weights'} rows, and the
-  verifier's cached 'features' where a `feature_cache` gives them), drafting among `draft_ids` (a draft
-  vocabulary; None: all tokens); returns it and its training record (settings, the last logged metrics,
-  seconds). With `checkpoint_dir` the state is saved every `save_every` steps and a run resumes from the latest
-  checkpoint there (the batches it had used skipped). With `held_out` batches and `eval_every` > 0 the head's
-  top-1 agreement on them is logged every `eval_every` steps, and the record keeps that curve ('held_out_curve':
-  [step, agreement] pairs, from this run's first step; the final head is returned whatever the curve)."""
+  """A head for `verifier` trained `steps` AdamW steps on `batches` ({'inputs', 'weights'} rows, and the verifier's
+  cached 'features' where a `feature_cache` gives them), drafting among `draft_ids` (a draft vocabulary; None: all
+  tokens), reading the verifier's `feature_layers` beside its last hidden state (EAGLE-3's fused features: the
+  batches' features, or `verifier`'s hidden states, hold them); returns it and its training record (settings, the
+  last logged metrics, seconds). With `checkpoint_dir` the state is saved every `save_every` steps and a run
+  resumes from the latest checkpoint there (the batches it had used skipped). With `held_out` batches and
+  `eval_every` > 0 the head's top-1 agreement on them is logged every `eval_every` steps, and the record keeps that
+  curve ('held_out_curve': [step, agreement] pairs, from this run's first step; the final head is returned whatever
+  the curve)."""
   if steps < 1:
     raise ValueError(f"steps must be >= 1; got {steps}")
   key = jax.random.PRNGKey(seed)
-  head = init(verifier, key, num_heads=num_heads).with_draft_vocabulary(draft_ids)
+  head = init(verifier, key, num_heads=num_heads, feature_layers=feature_layers).with_draft_vocabulary(draft_ids)
   tx = make_optimizer(steps, learning_rate=learning_rate, warmup_steps=min(warmup_steps, steps), decay="cosine",
                       weight_decay=0.0)
   state = TrainState.create(head.params, tx)
@@ -199,6 +213,7 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
       checkpoints.close()
   record = {"steps": steps, "learning_rate": learning_rate, "warmup_steps": warmup_steps, "seed": seed,
             "unroll": unroll, "draft_vocabulary": None if draft_ids is None else len(draft_ids),
+            "feature_layers": list(feature_layers),
             "noise": noise, "regression_weight": REGRESSION_WEIGHT,
             "classification_weight": CLASSIFICATION_WEIGHT, "last_metrics": metrics,
             "held_out_curve": curve, "seconds": time.monotonic() - start}
@@ -260,8 +275,8 @@ def saved_draft_vocabulary(directory: str) -> int:
 def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: int = 16, seq_len: int = 128,
                    learning_rate: float = 1e-3, seed: int = 0, eval_batches: int = 20, source: str = "auto",
                    data: str = "debian", prompts: int = 2000, max_new_tokens: int = 192, draft_vocabulary_size: int = 0,
-                   unroll: int = 1, work_dir: str | None = None, corpus: str = "", command: str = "",
-                   log=print) -> str:
+                   unroll: int = 1, feature_layers: tuple[int, ...] = (), work_dir: str | None = None,
+                   corpus: str = "", command: str = "", log=print) -> str:
   """The recipe: a head for the verifier `verifier` (`loading.load_model`: an export, a GGUF file, smollm2), trained
   `steps` steps and written to `out`/feature_head/ with its training record (settings, losses, top-1 agreement with
   the verifier on `eval_batches` held-out batches, seconds, `command`). Returns the head's path.
@@ -275,7 +290,9 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   the shipped data/self_distilled/) that a fresh `work_dir` starts from.
   `draft_vocabulary_size` k > 0: the head drafts among the k most frequent tokens of its training text, EOS and the
   vocabulary's special tokens (`draft_vocabulary`). `unroll` > 1: EAGLE-3's training-time test over that many
-  drafts (`losses`); the held-out record gives the agreement of the first EVAL_UNROLL drafts either way."""
+  drafts (`losses`); the held-out record gives the agreement of the first EVAL_UNROLL drafts either way.
+  `feature_layers`: the head reads those layers' outputs beside the last hidden state (EAGLE-3's fused features,
+  cached apart from the plain ones; later drafts then need unroll ≥ 2 to learn to read the head's predictions)."""
   from specdec.data import load_vocabulary
   from specdec.training import feature_cache, self_distill
   from specdec.data.pretrained import resolve
@@ -285,6 +302,8 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
     raise ValueError(f"corpus {corpus!r} seeds self-distilled data only; data is {data!r}")
   start = time.monotonic()
   model = load_model(verifier)
+  if feature_layers:
+    model = model.with_feature_layers(tuple(feature_layers))
   if os.path.exists(os.path.join(os.path.abspath(out), HEAD_DIRECTORY)):
     raise FileExistsError(f"{os.path.join(out, HEAD_DIRECTORY)} exists; give another out directory")
   checkpoint_dir, vocab_path = None, None
@@ -316,15 +335,17 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
                                         rows_of=rows[cut:])
     held_out = [next(held) for _ in range(max(1, min(eval_batches, (len(rows) - cut) // batch_size)))]
     counts = np.bincount(np.concatenate([r["response_ids"] for r in responses]), minlength=model.vocab_size)
-    checkpoint_dir = os.path.join(os.path.abspath(work_dir), "checkpoints")
+    # A head reading fused features checkpoints apart (checkpoints_l2_15/, beside its features_l2_15/).
+    layers_suffix = feature_cache.folder_name(model)[len(feature_cache.FEATURES):]
+    checkpoint_dir = os.path.join(os.path.abspath(work_dir), "checkpoints" + layers_suffix)
   else:
     raise ValueError(f"data must be 'debian' or 'self_distilled'; got {data!r}")
   draft_ids = None
   if draft_vocabulary_size:
     draft_ids = draft_vocabulary(counts[:model.vocab_size], draft_vocabulary_size, always=vocab.special_ids)
   head, record = train(model, batches, steps=steps, learning_rate=learning_rate, seed=seed, draft_ids=draft_ids,
-                       unroll=unroll, checkpoint_dir=checkpoint_dir, held_out=held_out, eval_every=EVAL_EVERY,
-                       log=log)
+                       unroll=unroll, feature_layers=tuple(feature_layers), checkpoint_dir=checkpoint_dir,
+                       held_out=held_out, eval_every=EVAL_EVERY, log=log)
   record["validation"] = evaluate(head, model, held_out, unroll=max(unroll, EVAL_UNROLL))
   record.update(verifier=os.path.normpath(verifier), data=data, batch_size=batch_size, seq_len=seq_len,
                 prompts=prompts if data == "self_distilled" else None, corpus=corpus or None, command=command,

@@ -22,6 +22,7 @@ from specdec.decoding.drafters import Verified
 from specdec.decoding.feature_drafter import FeatureDrafter, check_pair
 from specdec.models import feature_head
 from specdec.models.base import prefill
+from tests.commands import load_script
 from tests.stats import assert_law
 from tests.toy_models import PositionalTrigram, tiny
 
@@ -32,9 +33,15 @@ def _verifier(vocab=V, seed=1, scale=4.0):
   return tiny(seed, vocab, 32, scale=scale)
 
 
-def _drafter(verifier, seed=0, scale=3.0):
-  head = feature_head.init(verifier, jax.random.PRNGKey(seed))
+def _drafter(verifier, seed=0, scale=3.0, feature_layers=()):
+  head = feature_head.init(verifier, jax.random.PRNGKey(seed), feature_layers=feature_layers)
   return FeatureDrafter(head.replace(params=jax.tree.map(lambda w: scale * w, head.params)), verifier)
+
+
+def _fused_pair(vocab=16, seed=0, scale=3.0, verifier_seed=1):
+  """A three-layer Llama verifier and a head reading its layers 0 and 1 beside its last hidden state (EAGLE-3)."""
+  verifier = tiny(verifier_seed, vocab, 32, scale=1.5, preset="llama_tiny", num_layers=3)
+  return verifier, _drafter(verifier, seed, scale, feature_layers=(0, 1))
 
 
 TEACHER_WIDTH = 16
@@ -45,7 +52,7 @@ def _teacher_forced_q(drafter, tokens, draft=1):
   the head predicts it in training: pass r of `predict_unrolled` on the verifier's real features (pass 1:
   teacher-forced). The tokens are padded on the right to TEACHER_WIDTH: the verifier and the head are causal, so
   the padding changes no position up to n − 1, and every call has one shape (its eager ops compile once)."""
-  verifier, n = drafter.verifier, tokens.shape[1]
+  verifier, n = drafter.decoding_verifier(drafter.verifier), tokens.shape[1]
   padded = jnp.pad(tokens, ((0, 0), (0, TEACHER_WIDTH - n)))
   _, hidden = verifier.logits(padded, return_hidden=True)
   passes = drafter.head.predict_unrolled(hidden, verifier.token_embeddings(jnp.roll(padded, -1, axis=1)), draft)
@@ -53,9 +60,13 @@ def _teacher_forced_q(drafter, tokens, draft=1):
   return jax.nn.softmax(verifier.output_logits(passes[draft - 1][:, n - 2:n - 1])[:, 0])
 
 
-def test_every_draft_of_every_block_is_what_training_unrolls():
-  verifier = _verifier(vocab=16)
-  drafter = _drafter(verifier)
+@pytest.mark.parametrize("fused", [False, True])
+def test_every_draft_of_every_block_is_what_training_unrolls(fused):
+  """And with fused features (EAGLE-3): the first draft reads the verifier's layers through the head's reduction,
+  the later ones the head's own predictions, in decoding as in training."""
+  verifier, drafter = _fused_pair() if fused else (_verifier(vocab=16), None)
+  drafter = drafter or _drafter(verifier)
+  verifier = drafter.decoding_verifier(verifier)
   prompt = jnp.asarray([[3, 7, 1, 12, 5]], jnp.int32)
   sampling_ = sampling.Sampling(1.0, 1.0).checked()
   propose = jax.jit(lambda key, state, last: drafter.propose(key, state, last, max_drafts=3, sampling=sampling_))
@@ -87,13 +98,19 @@ def test_every_draft_of_every_block_is_what_training_unrolls():
     last = next_token
 
 
-def test_chain_acceptance_replays_the_blocks_of_a_greedy_decode():
+@pytest.mark.parametrize("fused", [False, True])
+def test_chain_acceptance_replays_the_blocks_of_a_greedy_decode(fused):
   """`training.feature_head.losses`' chain_accepted_r counts the positions from which a greedy block accepts its
   first r drafts: on the verifier's greedy text, replaying the decode's blocks from those per-position outcomes
-  gives the accepted drafts a greedy speculative decode counts."""
+  gives the accepted drafts a greedy speculative decode counts (with fused features too: `generate` decodes with
+  the verifier that returns them)."""
   from specdec.training import feature_head as training
-  verifier = _verifier(vocab=V)
-  drafter = _drafter(verifier, seed=3, scale=1.0)
+  if fused:
+    decoding_with, drafter = _fused_pair(vocab=V, seed=3, scale=1.0, verifier_seed=2)
+  else:
+    decoding_with = _verifier(vocab=V)
+    drafter = _drafter(decoding_with, seed=3, scale=1.0)
+  verifier = drafter.decoding_verifier(decoding_with)
   prompt, n_new, gamma = jnp.asarray([[1, 2, 3]], jnp.int32), 24, 3
   greedy = decoding.generate(jax.random.PRNGKey(0), None, verifier, prompt, jnp.asarray([3]),
                              method="autoregressive", max_new_tokens=n_new + gamma + 1, temperature=0.0, eos_id=None)
@@ -102,7 +119,7 @@ def test_chain_acceptance_replays_the_blocks_of_a_greedy_decode():
   sums = training.losses(drafter.head.params, drafter.head, verifier, text, weights, None, 0.0, unroll=gamma)
   _, hidden = verifier.logits(text, return_hidden=True)
   passes = drafter.head.predict_unrolled(hidden[:, :-1], verifier.token_embeddings(text[:, 1:]), gamma)
-  top1 = jnp.argmax(verifier.output_logits(hidden[:, 1:]), -1)[0]
+  top1 = jnp.argmax(verifier.output_logits(hidden[:, 1:, -verifier.hidden_size:]), -1)[0]   # fused: f is last
   match = np.asarray([jnp.argmax(verifier.output_logits(p), -1)[0] == top1 for p in passes])   # [γ, L − 1]
   width = match.shape[1]
   accepted_from = np.zeros((gamma, width), bool)   # u: the block with pending token x_{u+1} accepts ≥ r + 1 drafts
@@ -113,17 +130,29 @@ def test_chain_acceptance_replays_the_blocks_of_a_greedy_decode():
       accepted_from[r, u] = True
   np.testing.assert_array_equal([float(sums[f"chain_accepted_{r + 1}"]) for r in range(gamma)],
                                 accepted_from.sum(axis=1))
-  np.testing.assert_array_equal(training.accepted_lengths(drafter.head, verifier, text, weights, gamma)[0],
-                                accepted_from.sum(axis=0))
+  lengths, confidences = training.accepted_lengths(drafter.head, verifier, text, weights, gamma)
+  np.testing.assert_array_equal(lengths[0], accepted_from.sum(axis=0))
+  for r in range(gamma):   # draft r + 1 of the block from u is pass r + 1 at u + r
+    top = np.asarray(jnp.max(jax.nn.softmax(verifier.output_logits(passes[r])), -1))[0]
+    np.testing.assert_allclose(confidences[r, 0, :width - r], top[r:], rtol=1e-5)
   assert 0 < accepted_from[0].sum() < width and accepted_from[1].sum() > 0   # both outcomes occur
   u, generated, accepted = prompt.shape[1] - 2, 0, 0
   while generated < n_new:
     n_accepted = int(accepted_from[:, u].sum())
     u, generated, accepted = u + n_accepted + 1, generated + n_accepted + 1, accepted + n_accepted
-  out = decoding.generate(jax.random.PRNGKey(1), drafter, verifier, prompt, jnp.asarray([3]), method="speculative",
-                          gamma=gamma, max_new_tokens=n_new, temperature=0.0, eos_id=None)
+  out = decoding.generate(jax.random.PRNGKey(1), drafter, decoding_with, prompt, jnp.asarray([3]),
+                          method="speculative", gamma=gamma, max_new_tokens=n_new, temperature=0.0, eos_id=None)
   np.testing.assert_array_equal(out.tokens[0], greedy.tokens[0, :n_new])
   assert int(out.stats.accepted[0]) == accepted
+  # scripts/head_acceptance.py's replay of a confidence stop: the calls of a decode that stops there.
+  replay = load_script("head_acceptance").replayed_calls
+  for stop_below in np.quantile(np.asarray(confidences[:, 0]), [0.3, 0.6]):
+    calls, _ = replay(np.asarray(lengths), [3], [n_new], gamma, np.asarray(confidences), float(stop_below))
+    stopped = decoding.generate(jax.random.PRNGKey(1), drafter, decoding_with, prompt, jnp.asarray([3]),
+                                method="confidence_stop", max_gamma=gamma, stop_below=float(stop_below),
+                                max_new_tokens=n_new, temperature=0.0, eos_id=None)
+    np.testing.assert_array_equal(stopped.tokens[0], greedy.tokens[0, :n_new])
+    assert int(stopped.stats.verifier_calls[0]) == calls and int(np.sum(stopped.stats.drafted)) < gamma * calls
 
 
 @pytest.mark.parametrize("batch, gamma, rule", [(1, 3, "spec"), (8, 1, "token_v3"), (8, 7, "spec")])
@@ -153,9 +182,10 @@ N_NEW, SAMPLES = 3, 100_000
 def _codes(drafter, verifier, rule, alpha, gamma, method="speculative", **params):
   prompts = jnp.broadcast_to(PROMPT, (SAMPLES, PROMPT.shape[1]))
   rule_params = dict(rule=rule, alpha=alpha) if method == "speculative" else {}
+  length = {"max_gamma" if method == "confidence_stop" else "gamma": gamma}
   out = decoding.generate(jax.random.PRNGKey(gamma), drafter, verifier, prompts, jnp.full((SAMPLES,), 3),
-                          method=method, gamma=gamma, temperature=1.0, max_new_tokens=N_NEW, eos_id=None,
-                          **rule_params, **params)
+                          method=method, temperature=1.0, max_new_tokens=N_NEW, eos_id=None,
+                          **length, **rule_params, **params)
   tokens = np.asarray(out.tokens)
   return (tokens * V ** np.arange(N_NEW - 1, -1, -1)).sum(1), out
 
@@ -169,12 +199,13 @@ def _codes(drafter, verifier, rule, alpha, gamma, method="speculative", **params
 # the tree block over the feature drafter at K = 1 (`test_one_draft_token_trees_are_speculative_decoding`) and
 # the dynamic tree's greedy output over it (tests/drafters/test_dynamic_tree.py).
 @pytest.mark.parametrize("method, gamma, params", [
-    ("speculative", 2, {}), pytest.param("specinfer", 2, {"num_drafts": 3}, marks=pytest.mark.slow),
+    ("speculative", 2, {}), ("confidence_stop", 3, {"stop_below": 0.6}),
+    pytest.param("specinfer", 2, {"num_drafts": 3}, marks=pytest.mark.slow),
     pytest.param("dynamic_tree", 2, {"num_drafts": 2}, marks=pytest.mark.slow)])
 def test_lossless_rule_keeps_the_verifiers_sequence_law(method, gamma, params):
-  """SpecDecode, token trees of K i.i.d. feature drafts (each copy re-reads the kept path's real features)
-  and EAGLE-2's dynamic tree (K beams of the head): the output law is the verifier's. (SpecTr's selection
-  shares the tree block: K = 1 below.)"""
+  """SpecDecode (with a confidence stop too), token trees of K i.i.d. feature drafts (each copy re-reads the kept
+  path's real features) and EAGLE-2's dynamic tree (K beams of the head): the output law is the verifier's.
+  (SpecTr's selection shares the tree block: K = 1 below.)"""
   verifier = _verifier()
   drafter = _self_distilled(verifier)
   codes, out = _codes(drafter, verifier, "spec", 0.0, gamma, method=method, **params)
@@ -321,6 +352,82 @@ def test_greedy_output_with_a_gemma2_verifier_is_its_greedy_output():
   got = run(drafter=drafter, method="speculative", gamma=3)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert 0 < int(np.sum(got.stats.drafted))
+
+
+# --- a confidence stop: blocks end before the first draft whose top probability is below stop_below ----------
+
+def test_a_confidence_stop_drafts_less_and_keeps_the_verifiers_greedy_output():
+  """Greedy: the verifier's output at every threshold; stop_below = 0 is SpecDecode at γ = max_gamma, token for
+  token and call for call at T = 1 too; a higher threshold drafts fewer tokens and makes fewer head calls (the
+  draft loop ends once every row has stopped)."""
+  verifier = _verifier()
+  drafter = _drafter(verifier)   # peaked q: max q_raw spreads over (1/4, 1)
+  prompts = jnp.asarray(np.random.default_rng(4).integers(0, V, (3, 6)), jnp.int32)
+  run = functools.partial(decoding.generate, jax.random.PRNGKey(2), drafter, verifier, prompts=prompts,
+                          max_new_tokens=16, eos_id=None)
+  want = run(method="autoregressive", temperature=0.0)
+  drafted, calls = [], []
+  for stop_below in (0.0, 0.95, 0.999):
+    got = run(method="confidence_stop", stop_below=stop_below, max_gamma=4, temperature=0.0)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    drafted.append(int(np.sum(got.stats.drafted)) / int(np.sum(got.stats.verifier_calls)))
+  assert drafted[0] == 4 > drafted[1] > drafted[2]
+  for stop_below in (0.0, 0.999):   # one row: the loop ends where it stops (4 drafts and `verified`'s call: 5)
+    alone = run(prompts=prompts[:1], method="confidence_stop", stop_below=stop_below, max_gamma=4, temperature=0.0)
+    calls.append(int(np.sum(alone.stats.drafter_calls)) / int(np.sum(alone.stats.verifier_calls)))
+  assert calls[0] == 5 > calls[1]
+  sampled = run(method="confidence_stop", stop_below=0.0, max_gamma=3, temperature=1.0)
+  plain = run(method="speculative", gamma=3, temperature=1.0)
+  np.testing.assert_array_equal(sampled.tokens, plain.tokens)
+  for name in ("drafted", "accepted", "verifier_calls", "drafter_calls"):
+    np.testing.assert_array_equal(getattr(sampled.stats, name), getattr(plain.stats, name))
+
+
+# --- fused features (EAGLE-3): the head reads low and middle layers beside the last hidden state --------------
+
+def test_fused_features_are_the_chosen_layers_normalised_then_the_last_hidden_state():
+  """`Decoder.with_feature_layers`: the same logits and cache, hidden states [B, n, (k + 1)·E] whose last E are the
+  plain ones and whose first E are layer 0's output RMS-normalised (a one-layer model of the same weights with a
+  unit final gain computes it)."""
+  verifier = tiny(1, 16, 32, scale=1.5, preset="llama_tiny", num_layers=3)
+  fused = verifier.with_feature_layers((0, 1))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 16, (2, 9)), jnp.int32)
+  logits, hidden = verifier.logits(tokens, return_hidden=True)
+  fused_logits, fused_hidden = fused.logits(tokens, return_hidden=True)
+  e = verifier.hidden_size
+  assert fused_hidden.shape == (2, 9, 3 * e)
+  np.testing.assert_array_equal(fused_logits, logits)
+  np.testing.assert_array_equal(fused_hidden[..., 2 * e:], hidden)
+  one_layer = models.decoder.Decoder(
+      params={"embedder": verifier.params["embedder"], "layer_0": verifier.params["layer_0"],
+              "final_norm": {"scale": jnp.ones((e,))}},
+      config=dataclasses.replace(verifier.config, num_layers=1))
+  np.testing.assert_allclose(fused_hidden[..., :e], one_layer.logits(tokens, return_hidden=True)[1], atol=1e-5)
+  assert not np.allclose(fused_hidden[..., :e], fused_hidden[..., e:2 * e], atol=0.1)
+  for layers in [(2,), (1, 0), (-1,)]:
+    with pytest.raises(ValueError, match=r"feature_layers must be increasing layer indices in \[0, 2\)"):
+      verifier.with_feature_layers(layers)
+
+
+@pytest.mark.parametrize("gamma, batch", [(3, 1), (2, 4)])
+def test_greedy_output_with_fused_features_is_the_verifiers(gamma, batch):
+  verifier, drafter = _fused_pair(vocab=8, scale=1.0)   # a small vocabulary: the random head is accepted at times
+  prompts = jnp.asarray(np.random.default_rng(gamma).integers(0, 8, (batch, 6)), jnp.int32)
+  run = functools.partial(decoding.generate, jax.random.PRNGKey(0), verifier=verifier, prompts=prompts,
+                          max_new_tokens=20, temperature=0.0, eos_id=None)
+  want = run(drafter=None, method="autoregressive")
+  got = run(drafter=drafter, method="speculative", gamma=gamma)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert 0 < int(np.sum(got.stats.accepted)) < int(np.sum(got.stats.drafted))
+
+
+def test_a_fused_head_names_the_features_it_misses():
+  verifier, drafter = _fused_pair()
+  with pytest.raises(ValueError, match=r"features of width 96 \(layers \(0, 1\) and the last\); got width 32"):
+    drafter.head.reduce(jnp.zeros((1, 2, 32)))
+  transformer = _verifier(vocab=16)
+  with pytest.raises(ValueError, match=rf"layers \(0, 1\).*which {type(transformer).__name__} does not return"):
+    FeatureDrafter(drafter.head, transformer).decoding_verifier(transformer)
 
 
 # --- a draft vocabulary (FR-Spec): the head drafts among k of the V tokens --------------------------------------

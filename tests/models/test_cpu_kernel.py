@@ -46,6 +46,27 @@ def _lowered_text(equation, x, w):
 def _built():
   if not cpu_kernel.available():
     pytest.skip("the CPU kernel could not be built here (no C++ compiler; the warning names why)")
+  with cpu_kernel.enabled(True):   # on, whether or not it is this CPU's default (`suited`)
+    yield
+
+
+def test_it_is_on_by_default_where_the_cpu_suits_it(monkeypatch):
+  x, w = _arrays((1, 2, 24), (24, 40))
+  with cpu_kernel.enabled(None):
+    assert (cpu_kernel.TARGET in _lowered_text("bne,ef->bnf", x, w)) == cpu_kernel.suited()
+  cpu_kernel.suited.cache_clear()
+  try:
+    monkeypatch.setattr(cpu_kernel.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_kernel.Path, "read_text", lambda self: "flags\t: fpu sse2 avx avx2 fma\n")
+    assert not cpu_kernel.suited()
+    cpu_kernel.suited.cache_clear()
+    monkeypatch.setattr(cpu_kernel.Path, "read_text", lambda self: "flags\t: fpu avx2 avx512f avx512bw\n")
+    assert cpu_kernel.suited()
+    cpu_kernel.suited.cache_clear()
+    monkeypatch.setattr(cpu_kernel.platform, "machine", lambda: "aarch64")
+    assert not cpu_kernel.suited()
+  finally:
+    cpu_kernel.suited.cache_clear()
 
 
 @pytest.mark.parametrize("equation,x_shape,w_shape", CASES)

@@ -149,6 +149,39 @@ def test_cached_features_are_the_verifiers_and_train_a_head(tmp_path, verifier):
   assert after["classification"] < before["classification"] and after["regression"] < before["regression"]
 
 
+def test_fused_features_are_cached_apart_and_train_a_head_that_reads_them(tmp_path, verifier):
+  """EAGLE-3's fused features: layer 0's output beside the last hidden state, in features_l0/ (the plain cache
+  is kept as it is); a head reading them trains (its second draft, reading its own first, through the training-time
+  test) and records the layers it reads."""
+  responses = _run(tmp_path, verifier, n=8)
+  fused = verifier.with_feature_layers((0,))
+  plain = feature_cache.load_shards(feature_cache.write_features(str(tmp_path), verifier, responses,
+                                                                 log=lambda _: None))
+  paths = feature_cache.write_features(str(tmp_path), fused, responses, log=lambda _: None)
+  assert all(os.path.basename(os.path.dirname(path)) == "features_l0" for path in paths)
+  shards = feature_cache.load_shards(paths)
+  e = verifier.hidden_size
+  assert shards[0]["features"].shape[-1] == 2 * e
+  np.testing.assert_array_equal(shards[0]["features"][..., e:], plain[0]["features"])
+  batch = next(feature_cache.cached_batches(shards, batch_size=4, seed=0))
+  head = feature_head.init(verifier, jax.random.PRNGKey(0), feature_layers=(0,))
+  cached = feature_head.losses(head.params, head, fused, batch["inputs"], batch["weights"], None, 0.0,
+                               batch["features"], unroll=2)
+  computed = feature_head.losses(head.params, head, fused, batch["inputs"], batch["weights"], None, 0.0, unroll=2)
+  for name in ("regression", "classification"):
+    np.testing.assert_allclose(cached[name], computed[name], rtol=1e-2)
+  before = feature_head.evaluate(head, fused, [batch], unroll=2)
+  trained, record = feature_head.train(fused, feature_cache.cached_batches(shards, batch_size=4, seed=1), steps=40,
+                                       learning_rate=3e-3, warmup_steps=5, unroll=2, feature_layers=(0,),
+                                       log_every=1000, log=lambda _: None)
+  after = feature_head.evaluate(trained, fused, [batch], unroll=2)
+  assert record["feature_layers"] == [0] and trained.config.feature_layers == (0,)
+  assert after["classification"] < before["classification"] and after["regression"] < before["regression"]
+  saved = feature_head.load_head(os.path.dirname(feature_head.save_head(str(tmp_path / "head"), trained, record)))
+  assert saved.config.feature_layers == (0,)
+  np.testing.assert_array_equal(saved.params["reduce"]["kernel"], trained.params["reduce"]["kernel"])
+
+
 def test_a_grown_run_rewrites_the_last_shard_and_too_few_rows_are_refused(tmp_path, verifier):
   responses = _run(tmp_path, verifier, n=8)
   first = feature_cache.write_features(str(tmp_path), verifier, responses[:5], log=lambda _: None)

@@ -20,7 +20,8 @@ cost allows if every draft were accepted, and the acceptance 1.5x would need at 
 
 With CS Drafting cascades each run also prints CSD's EWIF from its measured acceptance and costs. `--trees K …`
 adds EAGLE-2's dynamic tree (`dynamic_tree`, K beams of γ) with each drafter: tokens per verifier call
-against the chain's, positions scored per call and the speed-up.
+against the chain's, positions scored per call and the speed-up. `--stop_below τ …` adds the chain with a
+confidence stop (`confidence_stop`, at most γ drafts, a block ending before the first draft with max q < τ).
 
 Random-weight models (no `--task`; presets, the paper's LM1B sizes), batch size 1, greedy, one run:
   1. identical drafter and verifier: every draft is accepted (α = 1), so the measured speedup isolates
@@ -205,11 +206,14 @@ def _print_costs(args: argparse.Namespace, verifier, drafters: dict, prefix: int
 
 
 def _runs(args: argparse.Namespace, drafters: dict) -> list[tuple[str, Any, str, int, dict[str, Any]]]:
-  """(label, drafter, method, γ, parameters) of each run: the verifier alone, each drafter's chain per γ and
-  its dynamic tree per K and γ (where its drafter keeps copies)."""
+  """(label, drafter, method, γ, parameters) of each run: the verifier alone, each drafter's chain per γ, its
+  chain with a confidence stop per τ and γ (at most γ drafts) and its dynamic tree per K and γ (where its drafter
+  keeps copies)."""
   return [("verifier alone", None, "autoregressive", 1, {})] + [
       (f"{name} gamma={gamma}", factory(gamma), "speculative", gamma, {})
       for gamma in args.gamma for name, (factory, *_) in drafters.items()] + [
+      (f"{name} stop<{tau:g} gamma={gamma}", factory(gamma), "confidence_stop", gamma, {"stop_below": tau})
+      for tau in args.stop_below for gamma in args.gamma for name, (factory, *_) in drafters.items()] + [
       (f"{name} tree K={k} gamma={gamma}", factory(gamma), "dynamic_tree", gamma, {"num_drafts": k})
       for k in args.trees for gamma in args.gamma for name, (factory, *_) in drafters.items()
       if decoding.as_drafter(factory(gamma)).keeps_copies]   # Max-Gram, CSD, SpecDec++ heads cannot
@@ -225,9 +229,10 @@ def _trained_temperature(args: argparse.Namespace, record: dict[str, Any], tempe
   def decode(drafter, method, gamma, params, group, key):
     # Prompts as a user passes them: the group's longest (rounded up to 32: few shapes to compile).
     width = tasks.bucket_width(lengths[group].max())
+    length = {"max_gamma" if method == "confidence_stop" else "gamma": gamma}
     return decoding.generate(key, drafter, verifier, prompts[group, :width], lengths[group],
-                             method=method, gamma=gamma, temperature=temperature, max_new_tokens=max_new,
-                             eos_id=eos_id, **params)
+                             method=method, temperature=temperature, max_new_tokens=max_new,
+                             eos_id=eos_id, **length, **params)
 
   def decode_inner(model, k):
     """Per-token acceptance of Max-Gram drafts (k per block) under `model` alone, over the prompts."""
@@ -295,6 +300,12 @@ def _run_line(args: argparse.Namespace, run: tuple, t: dict[str, int], seconds: 
              f"{t['verifier_positions'] / max(t['verifier_calls'], 1):.1f} positions scored/call, "
              f"{t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} drafter calls/block | "
              f"speed-up {alone_per_token / per_token:.2f}x")
+  if method == "confidence_stop":   # blocks of 0 … γ drafts
+    line += (f" | {t['generated'] / max(t['verifier_calls'], 1):.2f} tokens/verifier call, "
+             f"{t['drafted'] / max(t['verifier_calls'], 1):.2f} drafts/block, accepted/drafted "
+             f"{t['accepted'] / max(t['drafted'], 1):.3f}, {t['drafter_calls'] / max(t['verifier_calls'], 1):.2f} "
+             f"drafter calls/block | speed-up {alone_per_token / per_token:.2f}x | "
+             f"{seconds / max(t['blocks'], 1) * 1e3:.2f} ms/block")
   if method == "speculative":
     # Mean wall-clock of a block of the whole batch, prefills included.
     block = seconds / max(t["blocks"], 1)
@@ -449,6 +460,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--gamma", type=int, nargs="+", default=[3, 5])
   parser.add_argument("--trees", type=int, nargs="*", default=[],
                       help="(--task) also EAGLE-2's dynamic tree (method dynamic_tree) with K beams, per K given")
+  parser.add_argument("--stop_below", type=float, nargs="*", default=[],
+                      help="(--task) also the chain with a confidence stop (method confidence_stop) at each "
+                           "threshold given, at most γ drafts")
   parser.add_argument("--tokens", type=int, default=None,
                       help="new tokens (default: 64 for random weights, the task's target budget with --task)")
   parser.add_argument("--prompt", type=int, default=32)
