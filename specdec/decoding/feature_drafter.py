@@ -91,9 +91,7 @@ class FeatureDrafter(Drafter):
     layers = self.head.config.feature_layers
     if not layers:
       return verifier
-    if not hasattr(verifier, "with_feature_layers"):
-      raise ValueError(f"the feature head reads the outputs of the verifier's layers {layers} (EAGLE-3's fused "
-                       f"features), which {type(verifier).__name__} does not return")
+    check_features(verifier)
     return verifier.with_feature_layers(layers)
 
   def check_verifier(self, verifier: Model) -> None:

@@ -110,8 +110,8 @@ def _complete(drafter: Drafter, drafted: Draft, n_accepted: Array, done: Array,
 
 def speculative(key: Array, drafter: Drafter, verifier: Model, prompts: Array, prompt_lengths: Array, *,
                 sampling: sampling_lib.Sampling, rule: str, alpha, gamma: int, max_new_tokens: int,
-                eos_id: int | None, cache_length: int, program: common.Program, stop_below=None
-                ) -> common.Output:
+                eos_id: int | None, cache_length: int, program: common.Program,
+                stop_below: Array | float | None = None) -> common.Output:
   """SpecDecode / SpecCascade: GenSpecSample (Alg. 4) with π_j = T(q_j, p_j) of `rule` at each position.
 
   The bonus position γ uses π_γ = T(q_γ, p_γ) too, except for rules whose bonus is drawn from p (the lossy

@@ -464,6 +464,19 @@ class Features(Model, Protocol):
     `output_table()`) those of its k tokens [B, n, k]."""
     ...
 
+  def with_feature_layers(self, layers: tuple[int, ...]) -> "Features":
+    """This model returning the outputs of its `layers` before its last hidden state (EAGLE-3's fused features,
+    [B, n, (k + 1)·E]); itself for (); ValueError naming the model where it cannot."""
+    ...
+
+
+def no_feature_layers(model: Model, layers: tuple[int, ...]) -> Model:
+  """`Features.with_feature_layers` of a model that returns its last hidden state only."""
+  if layers:
+    raise ValueError(f"{type(model).__name__} does not return its layers' outputs (EAGLE-3's fused features, asked "
+                     f"for layers {tuple(layers)}); a decoder of the Llama or Gemma 2 family does")
+  return model
+
 
 def prefill(model: Model, cache: Cache, prompts: Array, prompt_lengths: Array, *, return_hidden: bool = False
             ) -> tuple[Array, Cache] | tuple[Array, Cache, Array]:

@@ -307,7 +307,7 @@ class Decoder(base.DecoderOnly):
   def hidden_size(self) -> int:
     return self.config.embed_dim
 
-  def with_feature_layers(self, layers: tuple[int, ...]) -> "Decoder":
+  def with_feature_layers(self, layers: tuple[int, ...]) -> "Decoder":   # `base.Features`
     """This model (the same parameters, logits and cache) returning as its hidden states [B, n, (k + 1)·E] the
     outputs of the k `layers` (0-based, RMS-normalised without a gain) before its last hidden state: the fused
     features an EAGLE-3 head reads. ValueError for indices outside [0, num_layers − 1)."""

@@ -134,7 +134,7 @@ class FeatureHead:
     if features.shape[-1] != self.config.feature_width:
       raise ValueError(f"the feature head reads the verifier's features of width {self.config.feature_width} "
                        f"(layers {self.config.feature_layers} and the last); got width {features.shape[-1]}: decode "
-                       "with the verifier FeatureDrafter.decoding_verifier gives")
+                       "with FeatureDrafter.decoding_verifier(verifier), which returns them")
     features = features.astype(jnp.float32)
     if not self.config.feature_layers:
       return features

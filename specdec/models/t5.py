@@ -431,6 +431,9 @@ class T5(base.Configured):
   def hidden_size(self) -> int:
     return self.config.embed_dim
 
+  def with_feature_layers(self, layers: tuple[int, ...]) -> Any:
+    return base.no_feature_layers(self, layers)
+
   def output_table(self) -> Array:
     """The output layer's [V, E] table (`decoder/logits_dense/kernel` [E, V], transposed)."""
     return self.params["decoder"]["logits_dense"]["kernel"].T

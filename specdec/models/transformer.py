@@ -208,6 +208,9 @@ class TransformerLM(base.DecoderOnly):
   def hidden_size(self) -> int:
     return self.config.embed_dim
 
+  def with_feature_layers(self, layers: tuple[int, ...]) -> Any:
+    return base.no_feature_layers(self, layers)
+
   def output_table(self) -> Array:
     """The output layer's [V, E] table (the tied embedding)."""
     return self.params["embed"]["embedding"]

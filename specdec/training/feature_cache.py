@@ -7,11 +7,10 @@ token per epoch).
 
 A shard holds `SHARD_ROWS` sequences (a prompt's ids then its response's) cut to `max_length`: tokens [N, W] int32,
 weights [N, W] float32 (1 from the prompt's last token on: the response is what the head learns to draft), features
-[N, W, F] float16
-(the verifier's hidden states after each token: its last, what its output layer reads, F = E; a verifier with
-`feature_layers` (EAGLE-3's fused features, `Decoder.with_feature_layers`) those layers' before it, F = (k + 1)·E,
-in a folder of their own, features_l2_15/ for layers 2 and 15). Each shard is written whole (to a temporary name,
-renamed), so an interrupted run resumes at the first missing shard.
+[N, W, F] float16 (the verifier's hidden states after each token: its last, what its output layer reads, F = E; for
+a verifier with `feature_layers` (EAGLE-3's fused features, `Decoder.with_feature_layers`) those layers' outputs
+before it, F = (k + 1)·E, in a folder of their own: features_l2_15/ for layers 2 and 15). Each shard is written
+whole (to a temporary name, renamed), so an interrupted run resumes at the first missing shard.
 """
 
 from __future__ import annotations

@@ -180,7 +180,8 @@ def train(verifier: Any, batches: Iterator[dict[str, np.ndarray]], *, steps: int
   state = TrainState.create(head.params, tx)
   checkpoints, first = None, 0
   if checkpoint_dir:
-    metadata = {"head": dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name},
+    metadata = {"head": dataclasses.asdict(head.config) | {"dtype": jnp.dtype(head.config.dtype).name,
+                                                           "feature_layers": list(head.config.feature_layers)},
                 "steps": steps, "learning_rate": learning_rate, "seed": seed, "unroll": unroll,
                 "draft_vocabulary": None if draft_ids is None else np.asarray(draft_ids).tolist()}
     restored = checkpoint.restore_latest(checkpoint_dir, state, expected=metadata)
@@ -301,9 +302,7 @@ def train_and_save(*, verifier: str, out: str, steps: int = 3000, batch_size: in
   if corpus and data != "self_distilled":
     raise ValueError(f"corpus {corpus!r} seeds self-distilled data only; data is {data!r}")
   start = time.monotonic()
-  model = load_model(verifier)
-  if feature_layers:
-    model = model.with_feature_layers(tuple(feature_layers))
+  model = load_model(verifier).with_feature_layers(tuple(feature_layers))
   if os.path.exists(os.path.join(os.path.abspath(out), HEAD_DIRECTORY)):
     raise FileExistsError(f"{os.path.join(out, HEAD_DIRECTORY)} exists; give another out directory")
   checkpoint_dir, vocab_path = None, None
