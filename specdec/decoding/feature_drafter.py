@@ -201,9 +201,11 @@ class FeatureDrafter(Drafter):
     carry = (jnp.int32(0), state.cache, state.feature, last, jnp.zeros((batch, max_drafts), jnp.int32), zeros, zeros,
              jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32),
              jnp.zeros((batch,), jnp.float32) if beam is None else beam.start(batch))
-    # After the call where the last row stopped, every later call would change nothing that is read.
-    steps, cache, _, _, tokens, q, q_raw, _, n_drafted, _ = jax.lax.while_loop(
-        lambda carry: (carry[0] < calls) & jnp.any(carry[7]), body, carry)
+    if keep_drafting is None:   # a static trip count: no device-to-host read of a loop condition per call
+      running = lambda carry: carry[0] < calls
+    else:   # after the call where the last row stopped, every later call would change nothing that is read
+      running = lambda carry: (carry[0] < calls) & jnp.any(carry[7])
+    steps, cache, _, _, tokens, q, q_raw, _, n_drafted, _ = jax.lax.while_loop(running, body, carry)
     # Charged with the head call of `verified` that follows: it re-reads the accepted drafts.
     return Draft(tokens=tokens, q=self.to_vocabulary(q), q_raw=self.to_vocabulary(q_raw), n_drafted=n_drafted,
                  calls=jnp.full((batch,), steps + 1, jnp.int32), state=state.replace(cache=cache))

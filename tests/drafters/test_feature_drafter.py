@@ -383,6 +383,26 @@ def test_a_confidence_stop_drafts_less_and_keeps_the_verifiers_greedy_output():
     np.testing.assert_array_equal(getattr(sampled.stats, name), getattr(plain.stats, name))
 
 
+def _draft_loop_condition_primitives(drafter, keep_drafting):
+  """The primitives of the condition of `propose`'s draft loop, traced (no compile)."""
+  prompts = jnp.zeros((2, 3), jnp.int32)
+  state, last = drafter.start(prompts, jnp.asarray([3, 3]), cache_length=16)
+  propose = functools.partial(drafter.propose, max_drafts=3, sampling=sampling.Sampling(),
+                              keep_drafting=keep_drafting)
+  jaxpr = jax.make_jaxpr(propose)(jax.random.PRNGKey(0), state, last)
+  loops = [eqn for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "while"]
+  assert len(loops) == 1
+  return {eqn.primitive.name for eqn in loops[0].params["cond_jaxpr"].jaxpr.eqns}
+
+
+def test_the_draft_loop_reads_the_rows_only_where_a_stop_is_given():
+  """Without a stop the loop's trip count is static (its condition reads the step alone: on a GPU/TPU no
+  device-to-host read per call); with one it also ends once every row has stopped."""
+  drafter = _drafter(_verifier())
+  assert "reduce_or" not in _draft_loop_condition_primitives(drafter, None)
+  assert "reduce_or" in _draft_loop_condition_primitives(drafter, lambda q_raw: jnp.max(q_raw, axis=-1) > 0.5)
+
+
 # --- fused features (EAGLE-3): the head reads low and middle layers beside the last hidden state --------------
 
 def test_fused_features_are_the_chosen_layers_normalised_then_the_last_hidden_state():
