@@ -30,6 +30,7 @@ typedef float v16 __attribute__((vector_size(64), aligned(4)));
 inline v16 load(const float* p) { return *reinterpret_cast<const v16*>(p); }
 inline void store(float* p, v16 v) { *reinterpret_cast<v16*>(p) = v; }
 inline float lane(v16 v, int i) { return v[i]; }
+constexpr int kVectorRegisters = 32;  // v16 values the register file holds (AVX-512: 32 zmm)
 #else
 // AVX without AVX-512: 16 floats as two 8-float registers. GCC lowers a 64-byte generic vector on a 32-byte target
 // through memory (measured on an AVX2 AMD EPYC: a fifth of XLA's matrix-vector speed); two native halves do not.
@@ -51,6 +52,7 @@ inline void store(float* p, v16 v) {
   *reinterpret_cast<v8*>(p + 8) = v.hi;
 }
 inline float lane(v16 v, int i) { return i < 8 ? v.lo[i] : v.hi[i - 8]; }
+constexpr int kVectorRegisters = 8;   // 16 ymm registers hold 8 v16
 #endif
 
 // A fixed pairwise order, so that results do not depend on the compiler's choices.
@@ -61,11 +63,19 @@ inline float hsum(v16 v) {
   return (s[0] + s[2]) + (s[1] + s[3]);
 }
 
-constexpr int64_t kMaxRowsNN = 8;   // rows per register tile of the [K, N] loop
+// Register tiles of the [K, N] loop: R rows × T vectors of accumulators beside T of W and a broadcast x; with 16
+// ymm registers (AVX2) fewer rows and, past two rows, one vector (measured on an AMD EPYC znver2: 8–10 % faster
+// at 3–5 rows than tiles sized for AVX-512's 32, which spill). The [N, K] loop's J × R tile spills there too, yet
+// smaller tiles measured no faster. Tiles only regroup the work: each row's sums are formed in the same order.
+constexpr int64_t kMaxRowsNN = kVectorRegisters >= 32 ? 8 : 6;   // rows per register tile of the [K, N] loop
 constexpr int64_t kMaxRowsNT = 5;   // rows per register tile of the [N, K] loop
 constexpr int64_t kRowsPerBlock = 8;  // k rows of W per block of the [K, N] loop (a 4 KiB stride aliases beyond)
-constexpr int kColumnVectors = 2;   // 16-float vectors of columns per strip of the [K, N] loop
+constexpr int kColumnVectors = 2;   // 16-float vectors of columns per strip of the [K, N] loop (fewer for many rows)
 constexpr int kTableRows = 5;       // rows of W per block of the [N, K] loop
+
+// Vectors of columns per strip for a tile of R rows: two where their accumulators fit beside W and x.
+template <int R>
+constexpr int strip_vectors() { return R * kColumnVectors + kColumnVectors < kVectorRegisters ? kColumnVectors : 1; }
 constexpr int64_t kSpinMicroseconds = 100;  // measured on SmolLM2's step: 20 µs and sleeping at once were slower and less even
 constexpr int64_t kMinPartWeights = 1 << 16;  // smaller parts cost more to hand over than they save
 
@@ -103,9 +113,9 @@ void nn_strip(const float* x, int64_t K, const float* w, int64_t N, float* y, in
 template <int R>
 void nn_block(const float* x, int64_t K, const float* w, int64_t N, float* y, int64_t k0, int64_t k1,
               int64_t c_lo, int64_t c_hi, const float* pf) {
+  constexpr int T = strip_vectors<R>();
   int64_t c = c_lo;
-  for (; c + 16 * kColumnVectors <= c_hi; c += 16 * kColumnVectors)
-    nn_strip<R, kColumnVectors>(x, K, w, N, y, c, k0, k1, pf);
+  for (; c + 16 * T <= c_hi; c += 16 * T) nn_strip<R, T>(x, K, w, N, y, c, k0, k1, pf);
   for (; c + 16 <= c_hi; c += 16) nn_strip<R, 1>(x, K, w, N, y, c, k0, k1, pf);
   for (; c < c_hi; ++c)
     for (int r = 0; r < R; ++r) {

@@ -12,9 +12,9 @@ Used when all hold, else `jnp.einsum` (same maths): the equation contracts x's t
 ones (w [in…, out…]) or, w 2-D, with its trailing one (an output table [V, E]); x and w are float32; x has at
 most MAX_ROWS rows (the product of its other axes; a prefill is a GEMM's job); the program is lowered for the
 CPU (`jax.lax.platform_dependent`: GPU and TPU programs never contain it); one CPU device (the call cannot be
-partitioned); the kernel is enabled and built. Enabled: by default on x86 CPUs with AVX-512 (`suited`), where it
-was measured to pay; on an AVX2-only AMD EPYC (znver2) one row ran slower than XLA's matrix-vector loop even after
-its 16-float vectors became two native halves (experiments/smollm2_eagle), so there it is off unless asked for.
+partitioned); the kernel is enabled and built. Enabled: by default on x86 CPUs with AVX-512, or AVX2 and FMA
+(`suited`), where it was measured to pay (experiments/smollm2_eagle: an Intel Xeon with AVX-512, an AMD EPYC
+znver2 with AVX2, whose register tiles are sized for its 16 ymm registers); elsewhere (ARM) it is off unless asked for.
 `SPECDEC_CPU_KERNEL=1` or `enabled(True)` turn it on anywhere, `SPECDEC_CPU_KERNEL=0` or `enabled(False)` off (read
 when a function is traced). The C++ source is compiled on first use with the machine's C++ compiler
 ($CXX, else g++, else c++; -O3 -march=native) into $SPECDEC_CACHE/kernels (else ~/.cache/specdec/kernels),
@@ -55,13 +55,13 @@ _enabled: list[bool | None] = [None if os.environ.get(ENV, "") == "" else os.env
 
 @functools.cache
 def suited() -> bool:
-  """Whether this CPU is one the kernel was measured to pay on: x86 with AVX-512."""
+  """Whether this CPU is one the kernel was measured to pay on: x86 with AVX-512, or with AVX2 and FMA."""
   flags = set()
   with contextlib.suppress(OSError):
     for line in Path("/proc/cpuinfo").read_text().splitlines():
       if line.startswith("flags"):
         flags |= set(line.split(":", 1)[1].split())
-  return platform.machine().lower() in ("x86_64", "amd64") and "avx512f" in flags
+  return platform.machine().lower() in ("x86_64", "amd64") and ("avx512f" in flags or {"avx2", "fma"} <= flags)
 
 
 @contextlib.contextmanager

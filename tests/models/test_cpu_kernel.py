@@ -24,7 +24,7 @@ CASES = [
     ("bne,ve->bnv", (1, 7, 576), (1000, 576)),
     ("bne,ve->bnv", (3, 5, 33), (77, 33)),
     ("bne,ve->bnv", (1, 16, 20), (9, 20)),
-    ("bk,kn->bn", (13, 300), (300, 333)),    # 13 rows: one tile of 8 and one of 5 ([K, N]); 5, 5, 3 ([N, K])
+    ("bk,kn->bn", (13, 300), (300, 333)),    # 13 rows: tiles of 8, 5 (AVX-512) or 6, 6, 1 (AVX2) rows ([K, N])
     ("bk,kn->bn", (3, 0), (0, 20)),          # an empty sum: zeros
 ]
 
@@ -57,8 +57,11 @@ def test_it_is_on_by_default_where_the_cpu_suits_it(monkeypatch):
   cpu_kernel.suited.cache_clear()
   try:
     monkeypatch.setattr(cpu_kernel.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(cpu_kernel.Path, "read_text", lambda self: "flags\t: fpu sse2 avx avx2 fma\n")
+    monkeypatch.setattr(cpu_kernel.Path, "read_text", lambda self: "flags\t: fpu sse2 avx avx2\n")
     assert not cpu_kernel.suited()
+    cpu_kernel.suited.cache_clear()
+    monkeypatch.setattr(cpu_kernel.Path, "read_text", lambda self: "flags\t: fpu sse2 avx avx2 fma\n")
+    assert cpu_kernel.suited()
     cpu_kernel.suited.cache_clear()
     monkeypatch.setattr(cpu_kernel.Path, "read_text", lambda self: "flags\t: fpu avx2 avx512f avx512bw\n")
     assert cpu_kernel.suited()
