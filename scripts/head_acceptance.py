@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
   ids, weights, prompt_lengths, answer_lengths = greedy_rows(verifier, vocab, texts, args.tokens)
   batch = {"inputs": jnp.asarray(ids), "weights": jnp.asarray(weights)}
   record = bench.new_record("head_acceptance", bench.command_line(argv, "python scripts/head_acceptance.py"),
-                            ["head", "draft", "stop_below"], verifier=args.verifier, prompts=args.prompts, examples=len(texts),
-                            tokens=args.tokens, gamma=args.gamma)
+                            ["head", "draft", "stop_below"], verifier=args.verifier, prompts=args.prompts,
+                            examples=len(texts), tokens=args.tokens, gamma=args.gamma)
   for spec in args.heads:
     drafter = exports.load_drafter(spec, verifier)
     head, reads = drafter.head, drafter.decoding_verifier(verifier)   # fused features where the head reads them

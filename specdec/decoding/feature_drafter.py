@@ -48,8 +48,7 @@ VERIFIER_METHODS = ("token_embeddings", "output_logits", "output_table")
 @struct.dataclass
 class FeatureState:
   """The head's cache [B, …] over committed positions, the pending pair's verifier feature [B, E] (`reduce`d) and,
-  with a
-  draft vocabulary, the verifier's output rows of its tokens [k, E] (None: the whole output layer)."""
+  with a draft vocabulary, the verifier's output rows of its tokens [k, E] (None: the whole output layer)."""
   cache: Cache
   feature: Array
   table: Array | None = None

@@ -151,9 +151,9 @@ class FeatureHead:
 
     Pass 1 is `predict`'s teacher-forced f̂ (reading the verifier's features [B, L, F] at t − 1, `reduce`d). Pass s
     reads at t the prediction of pass s − 1 at t − 1, as draft step s reads the head's own previous output, and
-    attends where that draft step would: to
-    pass 1's entries at positions ≤ t − s + 1 (written from the verifier's features) and to pass r's entry at
-    t − s + r for r = 2 … s (the drafts before it). Pass s is meaningful at t ≥ s − 1 (0-based)."""
+    attends where that draft step would: to pass 1's entries at positions ≤ t − s + 1 (written from the verifier's
+    features) and to pass r's entry at t − s + r for r = 2 … s (the drafts before it). Pass s is meaningful at
+    t ≥ s − 1 (0-based)."""
     b, length = features.shape[:2]
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
     cfg = self.config.block_config()
